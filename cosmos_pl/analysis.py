@@ -1,0 +1,320 @@
+"""Helpers to explore a run directory written by ``cosmos-pl fit``.
+
+A run directory holds ``metrics.csv`` (one row per round), ``clients.csv`` (one
+row per round and client), ``clusters.json``, ``summary.json``, ``config.yaml``
+and ``partition.json``.  :func:`load_run` reads them into plain Python objects;
+:func:`plot_accuracy` and :func:`plot_clusters` draw the two standard figures
+and :func:`headline` / :func:`final_clients_table` give the text summaries used
+by ``notebooks/explore_run.ipynb``.
+
+Only the standard library, numpy, matplotlib and yaml are used (no pandas).
+The plotting functions use the object-oriented matplotlib API and never call
+``plt.show``, so they work under the non-interactive "Agg" backend.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+__all__ = [
+    "load_run",
+    "contingency",
+    "plot_accuracy",
+    "plot_clusters",
+    "headline",
+    "final_clients_table",
+]
+
+# Columns that hold integers / free text; every other column is parsed as float.
+_INT_COLUMNS = {"round", "client", "cluster", "num_clusters"}
+_TEXT_COLUMNS = {"phase", "backbone"}
+
+
+def _parse_value(column: str, value: Optional[str]) -> Any:
+    """Parse one CSV cell: empty -> None, ints for id columns, floats otherwise."""
+    if value is None:
+        return None
+    value = value.strip()
+    if column in _TEXT_COLUMNS:
+        return value
+    if value == "" or value.lower() in {"nan", "none", "null"}:
+        return None
+    try:
+        if column in _INT_COLUMNS:
+            return int(float(value))
+        return float(value)
+    except ValueError:
+        return value
+
+
+def _read_csv(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    with path.open(newline="") as fh:
+        return [{k: _parse_value(k, v) for k, v in row.items()} for row in csv.DictReader(fh)]
+
+
+def _read_json(path: Path) -> Optional[dict]:
+    if not path.is_file():
+        return None
+    with path.open() as fh:
+        return json.load(fh)
+
+
+def load_run(path) -> dict:
+    """Load a run directory.
+
+    Returns a dict with keys
+
+    * ``metrics``: list of per-round dict rows; numeric cells are floats (``round``
+      and ``num_clusters`` ints), empty cells (e.g. round-0 teacher columns) are
+      ``None``.
+    * ``clients``: list of per-(round, client) rows parsed the same way
+      (empty list when ``clients.csv`` is missing, as in older runs).
+    * ``clusters``: the ``clusters.json`` dict (``None`` if missing).
+    * ``summary``: the ``summary.json`` dict (``None`` if missing).
+    * ``config``: ``config.yaml`` via ``yaml.safe_load`` (``None`` if missing).
+    * ``partition``: ``partition.json`` (``None`` if missing).
+    * ``path``: the run directory as a :class:`pathlib.Path`.
+    """
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"run directory not found: {root}")
+    config = None
+    cfg_path = root / "config.yaml"
+    if cfg_path.is_file():
+        import yaml
+
+        with cfg_path.open() as fh:
+            config = yaml.safe_load(fh)
+    return {
+        "path": root,
+        "metrics": _read_csv(root / "metrics.csv"),
+        "clients": _read_csv(root / "clients.csv"),
+        "clusters": _read_json(root / "clusters.json"),
+        "summary": _read_json(root / "summary.json"),
+        "config": config,
+        "partition": _read_json(root / "partition.json"),
+    }
+
+
+def contingency(assignment, groups) -> np.ndarray:
+    """Contingency table of found clusters against true groups.
+
+    ``table[g, k]`` counts the clients of true group ``g`` assigned to cluster
+    ``k``.  Ids must be non-negative integers; the shape is
+    ``(max(groups) + 1, max(assignment) + 1)``.
+    """
+    assignment = np.asarray(assignment, dtype=int)
+    groups = np.asarray(groups, dtype=int)
+    if assignment.shape != groups.shape or assignment.ndim != 1:
+        raise ValueError("assignment and groups must be 1-d and of equal length")
+    if assignment.size and (assignment.min() < 0 or groups.min() < 0):
+        raise ValueError("cluster and group ids must be non-negative")
+    n_groups = int(groups.max()) + 1 if groups.size else 0
+    n_clusters = int(assignment.max()) + 1 if assignment.size else 0
+    table = np.zeros((n_groups, n_clusters), dtype=int)
+    np.add.at(table, (groups, assignment), 1)
+    return table
+
+
+def _new_ax(ax):
+    if ax is not None:
+        return ax
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4))
+    try:  # attach a canvas so the figure can be saved / shown inline
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
+    except Exception:  # pragma: no cover
+        pass
+    return fig.add_subplot(1, 1, 1)
+
+
+def _series(rows, key):
+    xs, mean, sem = [], [], []
+    for row in rows:
+        m = row.get(f"{key}_mean")
+        if m is None:
+            continue
+        xs.append(row["round"])
+        mean.append(m)
+        s = row.get(f"{key}_sem")
+        sem.append(0.0 if s is None else s)
+    return np.asarray(xs, float), np.asarray(mean, float), np.asarray(sem, float)
+
+
+def _local_only_acc(run) -> Optional[float]:
+    summary = run.get("summary") or {}
+    try:
+        return float(summary["local_only"]["client_acc"]["mean"])
+    except (KeyError, TypeError):
+        pass
+    for row in run.get("metrics") or []:
+        if row.get("round") == 0 and row.get("client_acc_mean") is not None:
+            return float(row["client_acc_mean"])
+    return None
+
+
+def plot_accuracy(run, ax=None):
+    """Teacher and client mean personalized accuracy per round with SEM bands.
+
+    The teacher curve starts at round 1 (round 0 is local-only training, with no
+    teacher); a dashed horizontal line marks the round-0 local-only client
+    accuracy.  Returns the matplotlib Axes.
+    """
+    ax = _new_ax(ax)
+    rows = sorted(run.get("metrics") or [], key=lambda r: r["round"])
+    for key, label, color in (
+        ("teacher_acc", "cluster teacher", "C0"),
+        ("client_acc", "client", "C1"),
+    ):
+        x, m, s = _series(rows, key)
+        if x.size == 0:
+            continue
+        ax.plot(x, m, marker="o", color=color, label=f"{label} (mean ± SEM)")
+        ax.fill_between(x, m - s, m + s, color=color, alpha=0.25, linewidth=0)
+    local = _local_only_acc(run)
+    if local is not None:
+        ax.axhline(local, color="grey", linestyle="--", label=f"local-only (round 0): {local:.4f}")
+    ax.set_xlabel("round")
+    ax.set_ylabel("personalized accuracy (top-1)")
+    if rows:
+        ax.set_xticks(sorted({int(r["round"]) for r in rows}))
+    ax.legend(loc="best")
+    return ax
+
+
+def _clusters_info(run) -> dict:
+    clusters = run.get("clusters")
+    if clusters:
+        return clusters
+    return dict((run.get("summary") or {}).get("clusters") or {})
+
+
+def plot_clusters(run, ax=None):
+    """Cluster assignment against the true groups.
+
+    Draws the :func:`contingency` table as an annotated heat map (rows = true
+    group, columns = found cluster) titled with K and the adjusted Rand index.
+    When the run has no true groups (``true_groups`` is null), draws a bar chart
+    of the cluster sizes instead.  Returns the matplotlib Axes.
+    """
+    ax = _new_ax(ax)
+    info = _clusters_info(run)
+    assignment = info.get("assignment") or []
+    groups = info.get("true_groups")
+    K = info.get("K")
+    if K is None and assignment:
+        K = len(set(assignment))
+    ari = info.get("adjusted_rand_index")
+    ari_text = "n/a" if ari is None else f"{ari:.3f}"
+    if groups is not None and len(groups) == len(assignment) and assignment:
+        table = contingency(assignment, groups)
+        im = ax.imshow(table, cmap="Blues", aspect="auto", vmin=0)
+        vmax = table.max() if table.size else 0
+        for g in range(table.shape[0]):
+            for k in range(table.shape[1]):
+                ax.text(
+                    k, g, str(table[g, k]), ha="center", va="center",
+                    color="white" if table[g, k] > vmax / 2 else "black",
+                )
+        ax.set_xticks(range(table.shape[1]))
+        ax.set_yticks(range(table.shape[0]))
+        ax.set_xlabel("found cluster")
+        ax.set_ylabel("true group")
+        ax.figure.colorbar(im, ax=ax, label="clients")
+        ax.set_title(f"clusters vs true groups: K = {K}, ARI = {ari_text}")
+    else:
+        sizes = np.bincount(np.asarray(assignment, dtype=int)) if assignment else np.zeros(0, int)
+        ax.bar(np.arange(sizes.size), sizes, color="C0")
+        for k, n in enumerate(sizes):
+            ax.text(k, n, str(int(n)), ha="center", va="bottom")
+        ax.set_xticks(range(sizes.size))
+        ax.set_xlabel("found cluster")
+        ax.set_ylabel("clients")
+        ax.set_title(f"cluster sizes: K = {K} (no true groups)")
+    return ax
+
+
+def _fmt(x, digits=4) -> str:
+    return "n/a" if x is None else f"{float(x):.{digits}f}"
+
+
+def _final_from_metrics(run) -> dict:
+    rows = [r for r in run.get("metrics") or [] if r.get("teacher_acc_mean") is not None]
+    if not rows:
+        return {}
+    last = max(rows, key=lambda r: r["round"])
+    return {
+        "round": last["round"],
+        "teacher_acc": {"mean": last["teacher_acc_mean"], "sem": last.get("teacher_acc_sem")},
+        "client_acc": {"mean": last.get("client_acc_mean"), "sem": last.get("client_acc_sem")},
+    }
+
+
+def headline(run) -> str:
+    """One-paragraph text summary: final teacher accuracy ± SEM, final client
+    accuracy, local-only (round 0) client accuracy, K and the ARI.
+
+    Uses ``summary.json`` when present and falls back to ``metrics.csv``.
+    """
+    summary = run.get("summary") or {}
+    final = summary.get("final") or _final_from_metrics(run)
+    teacher = final.get("teacher_acc") or {}
+    client = final.get("client_acc") or {}
+    info = _clusters_info(run)
+    ari = info.get("adjusted_rand_index")
+    lines = [
+        f"run: {run.get('path')}",
+        f"final round: {final.get('round', 'n/a')}",
+        f"final teacher accuracy: {_fmt(teacher.get('mean'))} ± {_fmt(teacher.get('sem'))} (SEM over clients)",
+        f"final client accuracy:  {_fmt(client.get('mean'))} ± {_fmt(client.get('sem'))}",
+        f"local-only client accuracy (round 0): {_fmt(_local_only_acc(run))}",
+    ]
+    top5 = [r for r in run.get("metrics") or [] if r.get("teacher_top5_mean") is not None]
+    if top5:  # only written for data sets with >= 20 classes
+        last = max(top5, key=lambda r: r["round"])
+        lines.append(
+            f"final teacher top-5 accuracy: {_fmt(last['teacher_top5_mean'])} ± {_fmt(last.get('teacher_top5_sem'))}"
+        )
+    lines += [
+        f"clusters: K = {info.get('K', 'n/a')}, ARI = {_fmt(ari, 3)}",
+    ]
+    return "\n".join(lines)
+
+
+def final_clients_table(run) -> str:
+    """Plain-text table of the per-client rows of the last round in ``clients.csv``."""
+    rows = run.get("clients") or []
+    if not rows:
+        return "(no clients.csv in this run directory)"
+    last = max(r["round"] for r in rows)
+    rows = sorted((r for r in rows if r["round"] == last), key=lambda r: r["client"])
+    groups = (_clusters_info(run) or {}).get("true_groups")
+    cols = [c for c in rows[0].keys() if c != "round"]
+    header = ["client"] + [c for c in cols if c != "client"]
+    if groups is not None:
+        header.insert(header.index("cluster") + 1 if "cluster" in header else 1, "true_group")
+
+    def cell(row, col):
+        if col == "true_group":
+            i = row["client"]
+            return str(groups[i]) if 0 <= i < len(groups) else ""
+        v = row.get(col)
+        if v is None:
+            return "-"
+        return f"{v:.4f}" if isinstance(v, float) else str(v)
+
+    table = [[cell(r, c) for c in header] for r in rows]
+    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(header)]
+    out = [f"round {last}", "  ".join(h.rjust(w) for h, w in zip(header, widths))]
+    out += ["  ".join(v.rjust(w) for v, w in zip(t, widths)) for t in table]
+    return "\n".join(out)

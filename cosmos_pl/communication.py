@@ -1,0 +1,107 @@
+"""What COSMOS sends, and its exact size: pseudo-labels on the public set U, both ways.
+
+A client uploads its ``[n, M]`` pseudo-labels once per round and downloads its cluster teacher's. Uploads
+can be made smaller (``upload_dtype``, ``top_k``); the server decodes them back to rows on the simplex.
+Byte counts are the sizes of the tensors actually sent (COSMOS paper, Appendix C Table 4 counts bandwidth
+per client).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import torch
+
+__all__ = ["pseudo_label_bytes", "Payload", "encode", "decode", "UploadDtype"]
+
+UploadDtype = Literal["float32", "float16", "uint8"]
+_ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
+_TORCH = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}
+
+
+def _index_bytes(num_classes: int) -> int:
+    return 1 if num_classes <= 256 else 2
+
+
+def pseudo_label_bytes(n: int, num_classes: int, dtype: str = "float32", top_k: Optional[int] = None) -> int:
+    """Bytes of one ``[n, M]`` pseudo-label matrix as sent.
+
+    Dense: ``n * M * itemsize``. With ``top_k = k``: ``n * k * (itemsize + index_bytes)`` where the class
+    index takes 1 byte for M <= 256, else 2 (the dropped mass is implied by 1 - sum, so nothing else travels).
+
+    Raises:
+        ValueError: an unknown dtype, negative sizes, or k outside [1, M].
+    """
+    if dtype not in _ITEM_BYTES:
+        raise ValueError(f"upload dtype {dtype!r}: use one of {sorted(_ITEM_BYTES)}")
+    if n < 0 or num_classes < 0:
+        raise ValueError(f"sizes must be >= 0, got n={n}, M={num_classes}")
+    if top_k is None:
+        return n * num_classes * _ITEM_BYTES[dtype]
+    if not 1 <= top_k <= num_classes:
+        raise ValueError(f"communication.top_k={top_k}: must lie in [1, M={num_classes}] (or null for dense)")
+    return n * top_k * (_ITEM_BYTES[dtype] + _index_bytes(num_classes))
+
+
+@dataclass
+class Payload:
+    """An encoded ``[n, M]`` pseudo-label matrix: ``values`` ``[n, M]`` or ``[n, k]``, ``indices`` ``[n, k]`` or None."""
+
+    values: torch.Tensor
+    indices: Optional[torch.Tensor]
+    num_classes: int
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes on the wire: the element sizes of the tensors sent."""
+        total = self.values.numel() * self.values.element_size()
+        if self.indices is not None:
+            total += self.indices.numel() * self.indices.element_size()
+        return total
+
+
+def encode(probs: torch.Tensor, dtype: UploadDtype = "float32", top_k: Optional[int] = None) -> Payload:
+    """Encode pseudo-labels ``[n, M]`` for upload.
+
+    ``float16`` casts; ``uint8`` quantizes each probability to ``round(255 p)``; ``top_k`` keeps the k largest
+    probabilities per row with their class indices (uint8 for M <= 256, else int16).
+
+    Raises:
+        ValueError: unknown dtype or k outside [1, M].
+    """
+    if dtype not in _TORCH:
+        raise ValueError(f"communication.upload_dtype={dtype!r}: use float32, float16 or uint8")
+    n, m = probs.shape
+    pseudo_label_bytes(n, m, dtype, top_k)  # validates
+    p = probs.float()
+    indices = None
+    if top_k is not None and top_k < m:
+        p, idx = p.topk(top_k, dim=1)
+        indices = idx.to(torch.uint8 if _index_bytes(m) == 1 else torch.int16)
+    values = (p * 255).round().to(torch.uint8) if dtype == "uint8" else p.to(_TORCH[dtype])
+    return Payload(values, indices, m, dtype)
+
+
+def decode(payload: Payload) -> torch.Tensor:
+    """Back to float32 ``[n, M]`` rows on the simplex.
+
+    Top-k rows: the kept probabilities are placed at their classes and the dropped mass ``1 - sum(kept)``
+    is spread evenly over the other M - k classes (for k = M nothing is dropped). Every row is then divided
+    by its sum; a row that decodes to all zeros (possible with uint8) becomes uniform.
+    """
+    values = payload.values.float()
+    if payload.dtype == "uint8":
+        values = values / 255
+    if payload.indices is None:
+        out = values
+    else:
+        n, k = values.shape
+        m = payload.num_classes
+        rest = (1 - values.sum(dim=1, keepdim=True)).clamp_min(0) / max(m - k, 1)
+        out = rest.expand(n, m).clone()
+        out.scatter_(1, payload.indices.long(), values)
+    sums = out.sum(dim=1, keepdim=True)
+    uniform = torch.full_like(out, 1.0 / out.shape[1])
+    return torch.where(sums > 0, out / sums.clamp_min(1e-12), uniform)

@@ -1,0 +1,490 @@
+"""Image-classification data sets loaded fully into memory as uint8 tensors.
+
+Each data set is a small class whose ``__init__`` takes typed keyword settings, so that
+configs can choose it with ``class_path`` / ``init_args`` (jsonargparse). ``load()``
+returns an :class:`ImageData`. A data set that cannot be found (no files, and download
+off or failing offline) raises ``FileNotFoundError`` naming the paths looked at and how
+to get the data.
+"""
+
+from __future__ import annotations
+
+import difflib
+import gzip
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = [
+    "ImageData",
+    "ImageDataset",
+    "FashionMNIST",
+    "Digits",
+    "CIFAR10",
+    "CIFAR100",
+    "EMNISTBalanced",
+    "TinyImageNet",
+    "ImageFolderData",
+    "NpzData",
+    "DATASETS",
+    "get_dataset",
+]
+
+
+@dataclass
+class ImageData:
+    """A labelled image-classification data set held in memory as uint8 tensors.
+
+    Attributes:
+        name: short name of the data set.
+        x_train: uint8 [N, C, H, W] training images.
+        y_train: int64 [N] training labels (index into ``classes``).
+        x_test: uint8 [N_test, C, H, W] test images.
+        y_test: int64 [N_test] test labels.
+        classes: class names; label k is ``classes[k]``.
+    """
+
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    classes: list[str]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def in_chans(self) -> int:
+        return int(self.x_train.shape[1])
+
+    @property
+    def image_size(self) -> int:
+        """Image height H (use ``shape`` for non-square images)."""
+        return int(self.x_train.shape[2])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(H, W) of the images."""
+        return int(self.x_train.shape[2]), int(self.x_train.shape[3])
+
+
+class ImageDataset:
+    """Base class of the data sets selectable in configs."""
+
+    name: str = "dataset"
+
+    def load(self) -> ImageData:
+        """Load both splits into memory.
+
+        Raises:
+            FileNotFoundError: the data set is not on disk and could not be downloaded.
+        """
+        raise NotImplementedError
+
+
+def _missing(name: str, looked_at: list, how: str, cause: BaseException | None = None) -> FileNotFoundError:
+    """Build the FileNotFoundError every loader raises for a missing data set."""
+    paths = ", ".join(str(Path(p).expanduser().resolve()) for p in looked_at)
+    msg = f"{name} data set not found; looked at: {paths}. To get it: {how}"
+    if cause is not None:
+        msg += f" (underlying error: {type(cause).__name__}: {cause})"
+    return FileNotFoundError(msg)
+
+
+def _from_numpy(name: str, x_train, y_train, x_test, y_test, classes, channels_last: bool) -> ImageData:
+    """Convert [N,H,W] or [N,H,W,C] (channels_last) / [N,C,H,W] arrays to ImageData."""
+
+    def images(x) -> torch.Tensor:
+        x = torch.as_tensor(np.asarray(x, dtype=np.uint8))
+        if x.ndim == 3:  # grayscale without a channel axis
+            return x.unsqueeze(1).contiguous()
+        return x.permute(0, 3, 1, 2).contiguous() if channels_last else x.contiguous()
+
+    def labels(y) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(y)).to(torch.int64)
+
+    return ImageData(name, images(x_train), labels(y_train), images(x_test), labels(y_test), [str(c) for c in classes])
+
+
+def _torchvision_pair(name: str, make, root: str, download: bool, how: str, looked_at: list | None = None):
+    """Build the train and test torchvision data sets, wrapping failures as FileNotFoundError."""
+    try:
+        return make(root=root, train=True, download=download), make(root=root, train=False, download=download)
+    except Exception as e:  # missing files (RuntimeError) or offline download (URLError, ...)
+        hint = how if download else f"set download: true (needs network), or {how}"
+        raise _missing(name, looked_at or [root], hint, e) from e
+
+
+class FashionMNIST(ImageDataset):
+    """Fashion-MNIST (60000 train / 10000 test, 1x28x28, 10 classes)."""
+
+    name = "fashion_mnist"
+    # Debian package dataset-fashion-mnist installs the IDX files here.
+    SYSTEM_DIR = "/usr/share/datasets/fashion-mnist"
+    FILES = (
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    )
+
+    def __init__(self, root: str = "data", download: bool = True) -> None:
+        """Configure the loader.
+
+        Args:
+            root: torchvision download folder, used when the Debian copy in
+                ``/usr/share/datasets/fashion-mnist`` is absent.
+            download: allow torchvision to download into ``root`` (needs network).
+        """
+        self.root = root
+        self.download = download
+
+    def _system_files(self) -> list[Path] | None:
+        found = []
+        for stem in self.FILES:
+            cands = [Path(self.SYSTEM_DIR) / f"{stem}.gz", Path(self.SYSTEM_DIR) / stem]
+            hit = next((p for p in cands if p.is_file()), None)
+            if hit is None:
+                return None
+            found.append(hit)
+        return found
+
+    def load(self) -> ImageData:
+        """Load Fashion-MNIST; x is uint8 [N, 1, 28, 28].
+
+        Raises:
+            FileNotFoundError: neither the Debian folder nor ``root`` has the data and
+                downloading is off or fails.
+        """
+        import torchvision
+        from torchvision.datasets.mnist import read_image_file, read_label_file
+
+        classes = list(torchvision.datasets.FashionMNIST.classes)
+        files = self._system_files()
+        if files is not None:
+            # torchvision's IDX reader opens files uncompressed, so gunzip to a temp dir.
+            with tempfile.TemporaryDirectory() as tmp:
+                plain = []
+                for f in files:
+                    out = Path(tmp) / f.name.removesuffix(".gz")
+                    with (gzip.open(f) if f.suffix == ".gz" else open(f, "rb")) as src, open(out, "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+                    plain.append(str(out))
+                xtr, ytr = read_image_file(plain[0]), read_label_file(plain[1])
+                xte, yte = read_image_file(plain[2]), read_label_file(plain[3])
+            return ImageData(self.name, xtr.unsqueeze(1), ytr, xte.unsqueeze(1), yte, classes)
+
+        how = "apt-get install dataset-fashion-mnist (offline Debian package)"
+        looked_at = [self.SYSTEM_DIR, self.root]
+        tr, te = _torchvision_pair("FashionMNIST", torchvision.datasets.FashionMNIST, self.root, self.download, how, looked_at)
+        return ImageData(self.name, tr.data.unsqueeze(1), tr.targets.long(), te.data.unsqueeze(1), te.targets.long(), classes)
+
+
+class Digits(ImageDataset):
+    """scikit-learn's bundled 8x8 digits (1797 images, 10 classes); works offline."""
+
+    name = "digits"
+
+    def __init__(self, test_fraction: float = 0.25, split_seed: int = 0) -> None:
+        """Configure the split.
+
+        Args:
+            test_fraction: fraction of the images held out as the test split, in (0, 1).
+            split_seed: seed of the stratified train/test split.
+        """
+        if not 0 < test_fraction < 1:
+            raise ValueError(f"test_fraction={test_fraction}: must lie in (0, 1)")
+        self.test_fraction = test_fraction
+        self.split_seed = split_seed
+
+    def load(self) -> ImageData:
+        """Load the digits; x is uint8 [N, 1, 8, 8] with values 0..16 scaled to 0..255."""
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+
+        d = load_digits()
+        x = np.round(d.images * 255.0 / 16.0).astype(np.uint8)  # 0..16 -> 0..255
+        xtr, xte, ytr, yte = train_test_split(
+            x, d.target, test_size=self.test_fraction, stratify=d.target, random_state=self.split_seed
+        )
+        return _from_numpy(self.name, xtr, ytr, xte, yte, [str(k) for k in range(10)], channels_last=False)
+
+
+class CIFAR10(ImageDataset):
+    """CIFAR-10 via torchvision (50000 train / 10000 test, 3x32x32, 10 classes)."""
+
+    name = "cifar10"
+
+    def __init__(self, root: str = "data", download: bool = True) -> None:
+        """Configure the loader.
+
+        Args:
+            root: torchvision data folder (holds ``cifar-10-batches-py``).
+            download: allow torchvision to download into ``root`` (needs network).
+        """
+        self.root = root
+        self.download = download
+
+    def _factory(self):
+        import torchvision
+
+        return torchvision.datasets.CIFAR10
+
+    def load(self) -> ImageData:
+        """Load both splits; x is uint8 [N, 3, 32, 32].
+
+        Raises:
+            FileNotFoundError: not in ``root`` and downloading is off or fails.
+        """
+        how = "put the torchvision copy under root, or use NpzData with ../shared/data/cifar10_subset.npz"
+        tr, te = _torchvision_pair(type(self).__name__, self._factory(), self.root, self.download, how)
+        # torchvision keeps CIFAR as HWC uint8 numpy arrays.
+        return _from_numpy(self.name, tr.data, tr.targets, te.data, te.targets, tr.classes, channels_last=True)
+
+
+class CIFAR100(CIFAR10):
+    """CIFAR-100 via torchvision (50000 train / 10000 test, 3x32x32, 100 classes)."""
+
+    name = "cifar100"
+
+    def __init__(self, root: str = "data", download: bool = True) -> None:
+        """Configure the loader.
+
+        Args:
+            root: torchvision data folder (holds ``cifar-100-python``).
+            download: allow torchvision to download into ``root`` (needs network).
+        """
+        super().__init__(root, download)
+
+    def _factory(self):
+        import torchvision
+
+        return torchvision.datasets.CIFAR100
+
+
+class EMNISTBalanced(ImageDataset):
+    """EMNIST 'balanced' split via torchvision (112800 train / 18800 test, 1x28x28, 47 classes)."""
+
+    name = "emnist_balanced"
+
+    def __init__(self, root: str = "data", download: bool = True) -> None:
+        """Configure the loader.
+
+        Args:
+            root: torchvision data folder (holds ``EMNIST/raw``).
+            download: allow torchvision to download into ``root`` (needs network).
+        """
+        self.root = root
+        self.download = download
+
+    def load(self) -> ImageData:
+        """Load both splits; x is uint8 [N, 1, 28, 28], upright.
+
+        Raises:
+            FileNotFoundError: not in ``root`` and downloading is off or fails.
+        """
+        import torchvision
+
+        def make(root, train, download):
+            return torchvision.datasets.EMNIST(root, split="balanced", train=train, download=download)
+
+        tr, te = _torchvision_pair("EMNIST", make, self.root, self.download, "put the torchvision copy under root")
+        def fix(x: torch.Tensor) -> torch.Tensor:
+            # The raw EMNIST images are stored transposed; torchvision does not undo it.
+            return x.transpose(-1, -2).unsqueeze(1).contiguous()
+
+        return ImageData(self.name, fix(tr.data), tr.targets.long(), fix(te.data), te.targets.long(), list(tr.classes))
+
+
+def _decode_all(paths: list[str], image_size: int | None = None) -> torch.Tensor:
+    """Decode image files to one uint8 [N, 3, H, W] tensor (RGB), resizing when asked.
+
+    Raises:
+        ValueError: sizes differ and ``image_size`` is None.
+    """
+    from torchvision.io import ImageReadMode, decode_image
+    from torchvision.transforms.v2.functional import resize
+
+    out = []
+    for p in paths:
+        img = decode_image(p, mode=ImageReadMode.RGB)
+        if image_size is not None:
+            img = resize(img, [image_size, image_size], antialias=True)
+        elif out and img.shape != out[0].shape:
+            raise ValueError(
+                f"images differ in size: {paths[0]} is {tuple(out[0].shape[1:])}, {p} is"
+                f" {tuple(img.shape[1:])}; set image_size to resize them all"
+            )
+        out.append(img)
+    if not out:
+        return torch.zeros(0, 3, image_size or 1, image_size or 1, dtype=torch.uint8)
+    return torch.stack(out)
+
+
+class TinyImageNet(ImageDataset):
+    """Tiny ImageNet (100000 train / 10000 val used as test, 3x64x64, 200 classes)."""
+
+    name = "tiny_imagenet"
+    URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+
+    def __init__(self, root: str = "data", download: bool = True) -> None:
+        """Configure the loader.
+
+        Args:
+            root: folder that holds (or receives) ``tiny-imagenet-200/``.
+            download: download and extract the zip into ``root`` when missing (needs network).
+        """
+        self.root = root
+        self.download = download
+
+    def load(self) -> ImageData:
+        """Decode all images; x is uint8 [N, 3, 64, 64]; the val split is the test split.
+
+        Raises:
+            FileNotFoundError: ``root/tiny-imagenet-200`` is missing and downloading is
+                off or fails.
+        """
+        from torchvision.datasets import ImageFolder
+        from torchvision.datasets.utils import download_and_extract_archive
+
+        base = Path(self.root) / "tiny-imagenet-200"
+        ann = base / "val" / "val_annotations.txt"
+        how = f"set download: true with network, or unpack {self.URL} into root"
+        if not (base / "train").is_dir() or not ann.is_file():
+            if not self.download:
+                raise _missing("TinyImageNet", [base / "train", ann], how)
+            try:
+                download_and_extract_archive(self.URL, self.root)
+            except Exception as e:
+                raise _missing("TinyImageNet", [base], how, e) from e
+        train = ImageFolder(str(base / "train"))  # train/<wnid>/images/*.JPEG
+        val = []
+        for line in ann.read_text().splitlines():
+            fields = line.split("\t")
+            if len(fields) >= 2:
+                val.append((str(base / "val" / "images" / fields[0]), train.class_to_idx[fields[1]]))
+        return ImageData(
+            self.name,
+            _decode_all([p for p, _ in train.samples]),
+            torch.tensor(train.targets, dtype=torch.int64),
+            _decode_all([p for p, _ in val]),
+            torch.tensor([y for _, y in val], dtype=torch.int64),
+            list(train.classes),
+        )
+
+
+class ImageFolderData(ImageDataset):
+    """Any folder with ``train/<class>/*`` and ``test/<class>/*`` image files."""
+
+    name = "image_folder"
+
+    def __init__(self, root: str, image_size: int | None = None) -> None:
+        """Configure the loader.
+
+        Args:
+            root: folder holding ``train/`` and ``test/`` in torchvision ImageFolder
+                layout (one subfolder per class).
+            image_size: resize every image to image_size x image_size; when None all
+                images must already share one size.
+        """
+        self.root = root
+        self.image_size = image_size
+
+    def load(self) -> ImageData:
+        """Decode every image to RGB; x is uint8 [N, 3, H, W].
+
+        Raises:
+            FileNotFoundError: ``train/`` or ``test/`` is missing or holds no images.
+            ValueError: sizes differ and image_size is None, or test has unknown classes.
+        """
+        from torchvision.datasets import ImageFolder
+
+        how = "create root/train/<class>/<image> and root/test/<class>/<image> (ImageFolder layout)"
+        dirs = [Path(self.root) / "train", Path(self.root) / "test"]
+        try:
+            train, test = (ImageFolder(str(d)) for d in dirs)
+        except (FileNotFoundError, OSError) as e:
+            raise _missing("ImageFolder", dirs, how, e) from e
+        unknown = set(test.classes) - set(train.classes)
+        if unknown:
+            raise ValueError(f"test/ has classes missing from train/: {sorted(unknown)}")
+        # Index test labels by train's class order (test/ may lack some classes).
+        y_test = [train.class_to_idx[test.classes[y]] for y in test.targets]
+        paths = [p for p, _ in train.samples] + [p for p, _ in test.samples]
+        x = _decode_all(paths, self.image_size)  # one pass so both splits share a size
+        n = len(train.samples)
+        return ImageData(
+            Path(self.root).name or self.name,
+            x[:n],
+            torch.tensor(train.targets, dtype=torch.int64),
+            x[n:],
+            torch.tensor(y_test, dtype=torch.int64),
+            list(train.classes),
+        )
+
+
+class NpzData(ImageDataset):
+    """A NumPy ``.npz`` archive with x_train, y_train, x_test, y_test and classes."""
+
+    name = "npz"
+
+    def __init__(self, path: str = "../shared/data/cifar10_subset.npz") -> None:
+        """Configure the loader.
+
+        Args:
+            path: the archive (relative paths are taken from the working directory).
+                Images are uint8 [N, H, W, C] (or [N, H, W] grayscale), labels int [N],
+                ``classes`` an array of names (optional: defaults to "0".."M-1").
+        """
+        self.path = path
+
+    def load(self) -> ImageData:
+        """Load the archive (no pickle); x becomes uint8 [N, C, H, W].
+
+        Raises:
+            FileNotFoundError: the file does not exist.
+            KeyError: a required array is missing.
+        """
+        if not Path(self.path).is_file():
+            raise _missing("npz", [self.path], "pass path: to an .npz with x_train, y_train, x_test, y_test, classes")
+        with np.load(self.path) as z:
+            missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in z.files]
+            if missing:
+                raise KeyError(f"{self.path} lacks arrays {missing}; it has {z.files}")
+            ytr, yte = z["y_train"], z["y_test"]
+            if "classes" in z.files:
+                classes = [str(c) for c in z["classes"]]
+            else:
+                classes = [str(k) for k in range(int(max(ytr.max(initial=-1), yte.max(initial=-1))) + 1)]
+            return _from_numpy(Path(self.path).stem, z["x_train"], ytr, z["x_test"], yte, classes, channels_last=True)
+
+
+DATASETS: dict[str, type[ImageDataset]] = {
+    "fashion_mnist": FashionMNIST,
+    "digits": Digits,
+    "cifar10": CIFAR10,
+    "cifar100": CIFAR100,
+    "emnist_balanced": EMNISTBalanced,
+    "tiny_imagenet": TinyImageNet,
+    "image_folder": ImageFolderData,
+    "npz": NpzData,
+}
+
+
+def get_dataset(name: str, **kwargs) -> ImageDataset:
+    """Instantiate a data set by short name, e.g. ``get_dataset("digits", split_seed=1)``.
+
+    Raises:
+        ValueError: unknown name; the message lists the valid names and a close match.
+    """
+    if name not in DATASETS:
+        close = difflib.get_close_matches(name, list(DATASETS), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown dataset {name!r}; valid names: {sorted(DATASETS)}.{hint}")
+    return DATASETS[name](**kwargs)

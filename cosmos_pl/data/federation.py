@@ -1,0 +1,194 @@
+"""Split a data set into the COSMOS federation: a public unlabelled set U and clients.
+
+The public set U is carved from the training split *before* partitioning and keeps no
+labels (reference pitfall 5: public code computed client weights from U's true labels).
+Each client gets a test set drawn from the test split to match its own training label
+distribution (reference pitfall 10).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .datasets import ImageData
+from .partition import Partition, Partitioner
+
+__all__ = ["ClientData", "Federation", "build_federation"]
+
+# Stream tag for the subsample / public-set draws, so they do not reuse the partitioner's
+# default_rng(seed) stream nor a client's default_rng((seed, client_id)) test-set stream.
+_SPLIT_STREAM = 2**31
+
+
+@dataclass
+class ClientData:
+    """One client's local data.
+
+    Attributes:
+        x: uint8 [n_i, C, H, W] labelled training images.
+        y: int64 [n_i] training labels.
+        x_test: uint8 [t_i, C, H, W] test images from the test split, matching this
+            client's training label distribution.
+        y_test: int64 [t_i] test labels.
+        class_counts: int64 [M] training counts per class.
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    class_counts: np.ndarray
+
+
+@dataclass
+class Federation:
+    """The public unlabelled set and the clients (COSMOS paper, Section 6 setup).
+
+    Attributes:
+        public_x: uint8 [n, C, H, W], the public unlabelled set U. Its labels are not
+            stored anywhere, so no algorithm can read them.
+        clients: per-client data.
+        partition: the partition; its indices refer to the training samples left after
+            U was removed (not to the original split).
+        num_classes: number of classes M.
+        classes: class names.
+        in_chans: image channels C.
+        image_shape: (H, W).
+    """
+
+    public_x: torch.Tensor
+    clients: list[ClientData]
+    partition: Partition
+    num_classes: int
+    classes: list[str]
+    in_chans: int
+    image_shape: tuple[int, int]
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+
+def _largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
+    """Integer shares of ``total`` proportional to ``weights``, summing exactly to ``total``.
+
+    Floors the exact shares, then gives the leftover units to the largest fractional
+    parts (ties to the lower index, via a stable sort).
+    """
+    weights = np.asarray(weights, dtype=np.float64)
+    if total <= 0 or weights.sum() <= 0:
+        return np.zeros(len(weights), dtype=np.int64)
+    exact = weights * total / weights.sum()
+    shares = np.floor(exact).astype(np.int64)
+    order = np.argsort(-(exact - shares), kind="stable")
+    shares[order[: total - shares.sum()]] += 1
+    return shares
+
+
+def _round_half_up(x: float) -> int:
+    return int(np.floor(x + 0.5))
+
+
+def build_federation(
+    data: ImageData,
+    partitioner: Partitioner,
+    num_clients: int,
+    *,
+    public_fraction: float = 0.2,
+    test_samples_per_client: int = 1000,
+    max_train_samples: int | None = None,
+    seed: int = 0,
+) -> Federation:
+    """Build the federation: public set U, partitioned clients and per-client test sets.
+
+    Steps:
+      1. If ``max_train_samples`` < N, keep a class-stratified random subsample of the
+         training split of that size (per-class sizes by largest-remainder rounding).
+      2. U = ``round_half_up(public_fraction * N')`` random training samples
+         (``floor(x + 0.5)``, N' the size after step 1), labels dropped.
+      3. The rest is split with ``partitioner(labels, num_clients, seed)``.
+      4. Client i's test set: target ``min(test_samples_per_client, A_i)`` where A_i is
+         the number of test samples in the classes client i holds; split over classes in
+         proportion to its training class counts (largest-remainder rounding), drawn
+         without replacement from the test split with ``default_rng((seed, i))``, each
+         class capped by its availability (so a capped client may get fewer).
+
+    Args:
+        data: the loaded data set.
+        partitioner: how to split the remaining training samples among clients.
+        num_clients: number of clients.
+        public_fraction: fraction of the training split used as U, in [0, 1).
+        test_samples_per_client: target test-set size per client, >= 1.
+        max_train_samples: optional cap on the training split (quick demos).
+        seed: one seed for the subsample, U, the partition and the test sets.
+
+    Returns:
+        The Federation; the same inputs and seed give identical tensors.
+
+    Raises:
+        ValueError: num_clients < 1, public_fraction outside [0, 1),
+            test_samples_per_client < 1, max_train_samples < num_classes, or the
+            partitioner's own ValueError for an impossible partition.
+    """
+    if num_clients < 1:
+        raise ValueError(f"num_clients={num_clients}: need at least 1 client")
+    if not 0 <= public_fraction < 1:
+        raise ValueError(f"public_fraction={public_fraction}: must lie in [0, 1)")
+    if test_samples_per_client < 1:
+        raise ValueError(f"test_samples_per_client={test_samples_per_client}: must be >= 1")
+    m = data.num_classes
+    if max_train_samples is not None and max_train_samples < m:
+        raise ValueError(
+            f"max_train_samples={max_train_samples} is below num_classes={m}: raise it to"
+            f" at least {m} (or null for the full split)"
+        )
+
+    rng = np.random.default_rng([seed, _SPLIT_STREAM])
+    y_all = data.y_train.numpy()
+    keep = np.arange(len(y_all))
+    if max_train_samples is not None and max_train_samples < len(y_all):
+        per_class = _largest_remainder(np.bincount(y_all, minlength=m), max_train_samples)
+        keep = np.sort(np.concatenate(
+            [rng.choice(np.flatnonzero(y_all == c), per_class[c], replace=False) for c in range(m)]
+        ))
+
+    perm = rng.permutation(keep)
+    n_public = _round_half_up(public_fraction * len(keep))
+    public_idx, rest = np.sort(perm[:n_public]), np.sort(perm[n_public:])
+
+    y_rest = y_all[rest]
+    partition = partitioner(y_rest, num_clients, seed)
+    counts = partition.class_counts(y_rest, m)
+
+    y_test_all = data.y_test.numpy()
+    test_by_class = [np.flatnonzero(y_test_all == c) for c in range(m)]
+    available = np.array([len(ix) for ix in test_by_class], dtype=np.int64)
+
+    clients = []
+    for i, ix in enumerate(partition.client_indices):
+        train_idx = torch.from_numpy(rest[ix])
+        target = min(test_samples_per_client, int(available[counts[i] > 0].sum()))
+        quota = np.minimum(_largest_remainder(counts[i], target), available)
+        crng = np.random.default_rng((seed, i))
+        picked = [crng.choice(test_by_class[c], quota[c], replace=False) for c in range(m) if quota[c] > 0]
+        test_idx = torch.from_numpy(np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64))
+        clients.append(ClientData(
+            x=data.x_train[train_idx],
+            y=data.y_train[train_idx],
+            x_test=data.x_test[test_idx],
+            y_test=data.y_test[test_idx],
+            class_counts=counts[i],
+        ))
+
+    return Federation(
+        public_x=data.x_train[torch.from_numpy(public_idx)],
+        clients=clients,
+        partition=partition,
+        num_classes=m,
+        classes=list(data.classes),
+        in_chans=data.in_chans,
+        image_shape=data.shape,
+    )

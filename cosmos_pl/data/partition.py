@@ -1,0 +1,391 @@
+"""Partition a labelled training split among federated clients.
+
+Every partitioner is a pure function of ``(labels, settings, seed)``: it draws its
+randomness from ``np.random.default_rng(seed)`` only, so the same call always gives the
+same partition (reference pitfall 9). Every one terminates for every input, gives each
+sample to exactly one client and raises ``ValueError`` when a request is impossible
+(reference pitfall 8: public Dirichlet partitioners loop forever or produce NaN).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "Partition",
+    "group_dirichlet",
+    "dirichlet",
+    "iid",
+    "Partitioner",
+    "GroupDirichlet",
+    "Dirichlet",
+    "IID",
+]
+
+# Bound on how often Dirichlet proportions are redrawn to meet min_samples_per_client.
+MAX_ATTEMPTS = 100
+
+
+@dataclass
+class Partition:
+    """Which samples each client holds.
+
+    Attributes:
+        client_indices: per client, a sorted int64 array of indices into the labels array
+            that was partitioned.
+        groups: int array [num_clients], the true group id of each client
+            (``group_dirichlet`` only, else None). Only for scoring clustering in reports;
+            algorithms must not read it (reference pitfall 3).
+        class_groups: the sorted classes of each group (``group_dirichlet`` only, else None).
+    """
+
+    client_indices: list[np.ndarray]
+    groups: np.ndarray | None = None
+    class_groups: list[list[int]] | None = None
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_indices)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """int64 [num_clients]: number of samples per client."""
+        return np.array([len(ix) for ix in self.client_indices], dtype=np.int64)
+
+    def class_counts(self, labels: np.ndarray, num_classes: int) -> np.ndarray:
+        """Count each client's samples per class.
+
+        Args:
+            labels: int array [N], the labels that were partitioned.
+            num_classes: number of classes M (columns of the result).
+
+        Returns:
+            int64 array [num_clients, num_classes].
+        """
+        labels = np.asarray(labels)
+        counts = np.zeros((self.num_clients, num_classes), dtype=np.int64)
+        for i, ix in enumerate(self.client_indices):
+            counts[i] = np.bincount(labels[ix], minlength=num_classes)[:num_classes]
+        return counts
+
+    def to_json(self, labels: np.ndarray, num_classes: int) -> dict:
+        """A JSON-serialisable summary (no raw index lists, which would be large).
+
+        Returns:
+            dict with keys ``num_clients``, ``groups`` (list or None), ``class_groups``,
+            ``class_counts`` (list of lists, [num_clients][num_classes]) and ``sizes``.
+        """
+        return {
+            "num_clients": self.num_clients,
+            "groups": None if self.groups is None else [int(g) for g in self.groups],
+            "class_groups": self.class_groups,
+            "class_counts": self.class_counts(labels, num_classes).tolist(),
+            "sizes": [int(s) for s in self.sizes],
+        }
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check_labels(labels: np.ndarray) -> np.ndarray:
+    labels = np.asarray(labels)
+    if labels.ndim != 1:
+        raise ValueError(f"labels must be a 1-D array, got shape {labels.shape}")
+    if labels.size and not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"labels must be integers, got dtype {labels.dtype}")
+    if labels.size and labels.min() < 0:
+        raise ValueError("labels must be non-negative class indices")
+    return labels.astype(np.int64)
+
+
+def _check_common(labels: np.ndarray, num_clients: int, min_samples_per_client: int) -> None:
+    if num_clients < 1:
+        raise ValueError(f"num_clients={num_clients}: need at least 1 client")
+    if min_samples_per_client < 0:
+        raise ValueError(
+            f"min_samples_per_client={min_samples_per_client}: must be >= 0"
+        )
+    if num_clients * min_samples_per_client > len(labels):
+        raise ValueError(
+            f"num_clients * min_samples_per_client = {num_clients} * {min_samples_per_client}"
+            f" = {num_clients * min_samples_per_client} exceeds the {len(labels)} samples"
+            " available: lower num_clients or min_samples_per_client"
+        )
+
+
+def _check_alpha(alpha: float) -> None:
+    if not alpha > 0 or not np.isfinite(alpha):
+        raise ValueError(f"alpha={alpha}: the Dirichlet concentration must be finite and > 0")
+
+
+def _proportions(rng: np.random.Generator, alpha: float, k: int) -> np.ndarray:
+    """Draw p ~ Dirichlet(alpha * ones(k)), guarded against NaN / all-zero draws.
+
+    With tiny alpha the gamma draws can all underflow to 0; the limit of the Dirichlet
+    as alpha -> 0 puts all mass on one coordinate, so fall back to a random one-hot.
+    """
+    with np.errstate(all="ignore"):
+        p = rng.dirichlet(np.full(k, alpha))
+    total = p.sum()
+    if not np.all(np.isfinite(p)) or not total > 0:
+        p = np.zeros(k)
+        p[rng.integers(k)] = 1.0
+        return p
+    return p / total
+
+
+def _split_by_proportions(idx: np.ndarray, p: np.ndarray) -> list[np.ndarray]:
+    """Split ``idx`` into len(p) consecutive chunks with sizes from cumulative-sum rounding.
+
+    Rounding the cumulative sum (not each share) makes the chunk sizes sum exactly to
+    len(idx), so every sample goes to exactly one chunk.
+    """
+    n = len(idx)
+    bounds = np.round(np.cumsum(p) * n).astype(np.int64)
+    bounds = np.clip(bounds, 0, n)
+    bounds[-1] = n
+    return np.split(idx, bounds[:-1])
+
+
+def _finish(parts: list[list[np.ndarray]]) -> list[np.ndarray]:
+    return [
+        np.sort(np.concatenate(p)).astype(np.int64) if p else np.zeros(0, dtype=np.int64)
+        for p in parts
+    ]
+
+
+# --------------------------------------------------------------------------- partitioners
+
+
+def group_dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    *,
+    num_groups: int = 5,
+    alpha: float = 5.0,
+    mix_fraction: float = 0.1,
+    min_samples_per_client: int = 1,
+    seed: int = 0,
+) -> Partition:
+    """Group-structured Dirichlet partition (COSMOS paper, Section 6).
+
+    The classes present are shuffled and split into ``num_groups`` disjoint groups
+    (``np.array_split``: sizes differ by at most 1). Client i belongs to group
+    ``i % num_groups``. Each class's samples are split among its group's clients with
+    proportions ~ Dirichlet(alpha * ones). Then ``floor(mix_fraction * size)`` random
+    samples of every client are pooled, the pool is shuffled and dealt round-robin to all
+    clients (client j gets ``pool[j::num_clients]``).
+
+    Args:
+        labels: int array [N] of class indices.
+        num_clients: number of clients.
+        num_groups: number of client groups (= class groups).
+        alpha: Dirichlet concentration within a group (larger = more even).
+        mix_fraction: fraction of each client's samples pooled and redealt, in [0, 1).
+        min_samples_per_client: smallest acceptable final client size; proportions are
+            redrawn up to ``MAX_ATTEMPTS`` times to meet it.
+        seed: seed of ``np.random.default_rng``.
+
+    Returns:
+        A Partition with ``groups`` (int [num_clients]) and ``class_groups`` set.
+
+    Raises:
+        ValueError: impossible settings (num_clients < 1 or < num_groups, num_groups
+            larger than the number of classes present, alpha <= 0, mix_fraction outside
+            [0, 1), num_clients * min_samples_per_client > N), or min_samples_per_client
+            still unmet after ``MAX_ATTEMPTS`` draws.
+    """
+    labels = _check_labels(labels)
+    _check_common(labels, num_clients, min_samples_per_client)
+    if num_groups < 1:
+        raise ValueError(f"num_groups={num_groups}: need at least 1 group")
+    if num_clients < num_groups:
+        raise ValueError(
+            f"num_clients={num_clients} < num_groups={num_groups}: every group needs a"
+            " client; raise num_clients or lower num_groups"
+        )
+    present = np.unique(labels)
+    if num_groups > len(present):
+        raise ValueError(
+            f"num_groups={num_groups} exceeds the {len(present)} classes present in the"
+            " labels: groups of classes must be disjoint and non-empty; lower num_groups"
+        )
+    _check_alpha(alpha)
+    if not 0 <= mix_fraction < 1:
+        raise ValueError(f"mix_fraction={mix_fraction}: must lie in [0, 1)")
+
+    rng = np.random.default_rng(seed)
+    class_groups = [sorted(int(c) for c in g) for g in np.array_split(rng.permutation(present), num_groups)]
+    groups = np.arange(num_clients) % num_groups
+    members = [np.flatnonzero(groups == g) for g in range(num_groups)]
+    by_class = {int(c): rng.permutation(np.flatnonzero(labels == c)) for c in present}
+
+    for _ in range(MAX_ATTEMPTS):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for g, classes in enumerate(class_groups):
+            for c in classes:
+                p = _proportions(rng, alpha, len(members[g]))
+                for client, chunk in zip(members[g], _split_by_proportions(by_class[c], p)):
+                    parts[client].append(chunk)
+        owned = _finish(parts)
+
+        # Mixing step: pool floor(mix_fraction * size) random samples of every client.
+        kept, pool = [], []
+        for ix in owned:
+            take = np.zeros(len(ix), dtype=bool)
+            take[rng.choice(len(ix), int(np.floor(mix_fraction * len(ix))), replace=False)] = True
+            kept.append(ix[~take])
+            pool.append(ix[take])
+        pool = rng.permutation(np.concatenate(pool))
+        final = [np.sort(np.concatenate([kept[j], pool[j::num_clients]])) for j in range(num_clients)]
+
+        if min(len(ix) for ix in final) >= min_samples_per_client:
+            return Partition(final, groups=groups, class_groups=class_groups)
+    raise ValueError(
+        f"min_samples_per_client={min_samples_per_client} not met after {MAX_ATTEMPTS}"
+        f" Dirichlet draws (alpha={alpha}, num_clients={num_clients},"
+        f" num_groups={num_groups}, mix_fraction={mix_fraction}): raise alpha or"
+        " mix_fraction, or lower min_samples_per_client or num_clients"
+    )
+
+
+def dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    *,
+    alpha: float = 0.5,
+    min_samples_per_client: int = 1,
+    seed: int = 0,
+) -> Partition:
+    """Common label-skew partition: each class split over all clients by Dirichlet(alpha).
+
+    Args:
+        labels: int array [N] of class indices.
+        num_clients: number of clients.
+        alpha: Dirichlet concentration (larger = closer to IID).
+        min_samples_per_client: smallest acceptable client size; proportions are redrawn
+            up to ``MAX_ATTEMPTS`` times to meet it.
+        seed: seed of ``np.random.default_rng``.
+
+    Returns:
+        A Partition (``groups`` and ``class_groups`` are None).
+
+    Raises:
+        ValueError: num_clients < 1, alpha <= 0, num_clients * min_samples_per_client > N,
+            or min_samples_per_client still unmet after ``MAX_ATTEMPTS`` draws.
+    """
+    labels = _check_labels(labels)
+    _check_common(labels, num_clients, min_samples_per_client)
+    _check_alpha(alpha)
+    rng = np.random.default_rng(seed)
+    by_class = [rng.permutation(np.flatnonzero(labels == c)) for c in np.unique(labels)]
+    for _ in range(MAX_ATTEMPTS):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for idx in by_class:
+            for client, chunk in enumerate(_split_by_proportions(idx, _proportions(rng, alpha, num_clients))):
+                parts[client].append(chunk)
+        final = _finish(parts)
+        if min(len(ix) for ix in final) >= min_samples_per_client:
+            return Partition(final)
+    raise ValueError(
+        f"min_samples_per_client={min_samples_per_client} not met after {MAX_ATTEMPTS}"
+        f" Dirichlet draws (alpha={alpha}, num_clients={num_clients}): raise alpha, or"
+        " lower min_samples_per_client or num_clients"
+    )
+
+
+def iid(labels: np.ndarray, num_clients: int, *, seed: int = 0) -> Partition:
+    """IID partition: a random permutation cut into near-equal parts (np.array_split).
+
+    Args:
+        labels: int array [N] (only its length is used).
+        num_clients: number of clients.
+        seed: seed of ``np.random.default_rng``.
+
+    Raises:
+        ValueError: num_clients < 1 or num_clients > N (a client would be empty).
+    """
+    labels = _check_labels(labels)
+    _check_common(labels, num_clients, 1)
+    perm = np.random.default_rng(seed).permutation(len(labels))
+    return Partition([np.sort(p).astype(np.int64) for p in np.array_split(perm, num_clients)])
+
+
+# --------------------------------------------------------------------------- config classes
+
+
+class Partitioner:
+    """Base class of partitioners chosen in configs (``class_path`` / ``init_args``)."""
+
+    def __call__(self, labels: np.ndarray, num_clients: int, seed: int) -> Partition:
+        """Partition ``labels`` (int [N]) among ``num_clients`` clients with ``seed``."""
+        raise NotImplementedError
+
+
+class GroupDirichlet(Partitioner):
+    """Group-structured Dirichlet partition of the COSMOS paper (Section 6)."""
+
+    def __init__(
+        self,
+        num_groups: int = 5,
+        alpha: float = 5.0,
+        mix_fraction: float = 0.1,
+        min_samples_per_client: int = 1,
+    ) -> None:
+        """Configure the partition.
+
+        Args:
+            num_groups: number of client groups; the classes are split into this many
+                disjoint groups and client i joins group i % num_groups.
+            alpha: Dirichlet concentration used to split a class among its group's clients.
+            mix_fraction: fraction of each client's samples pooled and dealt to all
+                clients, in [0, 1).
+            min_samples_per_client: smallest acceptable client size.
+        """
+        self.num_groups = num_groups
+        self.alpha = alpha
+        self.mix_fraction = mix_fraction
+        self.min_samples_per_client = min_samples_per_client
+
+    def __call__(self, labels: np.ndarray, num_clients: int, seed: int) -> Partition:
+        return group_dirichlet(
+            labels,
+            num_clients,
+            num_groups=self.num_groups,
+            alpha=self.alpha,
+            mix_fraction=self.mix_fraction,
+            min_samples_per_client=self.min_samples_per_client,
+            seed=seed,
+        )
+
+
+class Dirichlet(Partitioner):
+    """Per-class Dirichlet label skew over all clients."""
+
+    def __init__(self, alpha: float = 0.5, min_samples_per_client: int = 1) -> None:
+        """Configure the partition.
+
+        Args:
+            alpha: Dirichlet concentration (larger = closer to IID).
+            min_samples_per_client: smallest acceptable client size.
+        """
+        self.alpha = alpha
+        self.min_samples_per_client = min_samples_per_client
+
+    def __call__(self, labels: np.ndarray, num_clients: int, seed: int) -> Partition:
+        return dirichlet(
+            labels,
+            num_clients,
+            alpha=self.alpha,
+            min_samples_per_client=self.min_samples_per_client,
+            seed=seed,
+        )
+
+
+class IID(Partitioner):
+    """Uniformly random partition into near-equal client sizes."""
+
+    def __call__(self, labels: np.ndarray, num_clients: int, seed: int) -> Partition:
+        return iid(labels, num_clients, seed=seed)

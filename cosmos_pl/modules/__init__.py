@@ -1,0 +1,7 @@
+"""LightningModules, one per training objective, shared by clients and cluster teachers."""
+
+from cosmos_pl.modules.base import CosmosModule, default_optimizer
+from cosmos_pl.modules.distill import DistillationModule
+from cosmos_pl.modules.supervised import SupervisedModule
+
+__all__ = ["CosmosModule", "DistillationModule", "SupervisedModule", "default_optimizer"]

@@ -1,0 +1,62 @@
+"""Summary statistics over clients and the per-round table printed at the end of a run."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["mean_sem", "round_table"]
+
+
+def mean_sem(values: Sequence[float]) -> dict[str, float]:
+    """``{"mean", "sem"}`` over clients; SEM = sample std (ddof=1) / sqrt(N), 0 for a single client."""
+    vals = [float(v) for v in values]
+    if not vals:
+        return {"mean": math.nan, "sem": math.nan}
+    n = len(vals)
+    mean = sum(vals) / n
+    if n == 1:
+        return {"mean": mean, "sem": 0.0}
+    var = sum((v - mean) ** 2 for v in vals) / (n - 1)
+    return {"mean": mean, "sem": math.sqrt(var / n)}
+
+
+def _fmt(mean: Any, sem: Any) -> str:
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "-"
+    return f"{mean:.4f} ± {sem:.4f}"
+
+
+def round_table(rows: list[dict[str, Any]], title: str = "COSMOS: personalized accuracy per round") -> Table:
+    """A rich table of metrics.csv rows: teacher h_pi(i) and client f_i accuracy (mean ± SEM over clients)."""
+    table = Table(title=title)
+    table.add_column("round", justify="right")
+    table.add_column("phase")
+    table.add_column("teacher h_pi(i) top-1", justify="right")
+    table.add_column("client f_i top-1", justify="right")
+    has_top5 = any("teacher_top5_mean" in r for r in rows)
+    if has_top5:
+        table.add_column("teacher top-5", justify="right")
+        table.add_column("client top-5", justify="right")
+    table.add_column("K", justify="right")
+    table.add_column("up/down bytes per client", justify="right")
+    for r in rows:
+        cells = [
+            str(r["round"]),
+            r["phase"],
+            _fmt(r["teacher_acc_mean"], r["teacher_acc_sem"]),
+            _fmt(r["client_acc_mean"], r["client_acc_sem"]),
+        ]
+        if has_top5:
+            cells += [_fmt(r.get("teacher_top5_mean"), r.get("teacher_top5_sem")),
+                      _fmt(r.get("client_top5_mean"), r.get("client_top5_sem"))]
+        cells += [str(r["num_clusters"] or "-"), f"{r['upload_bytes_per_client']:,} / {r['download_bytes_per_client']:,}"]
+        table.add_row(*cells)
+    return table
+
+
+def print_table(rows: list[dict[str, Any]], console: Console | None = None) -> None:
+    (console or Console()).print(round_table(rows))

@@ -1,0 +1,53 @@
+"""Upload encodings: exact byte counts against the formula, and decoding back onto the simplex."""
+
+import pytest
+import torch
+
+from cosmos_pl.communication import decode, encode, pseudo_label_bytes
+
+
+@pytest.fixture
+def probs():
+    torch.manual_seed(0)
+    return torch.softmax(torch.randn(50, 10) * 2, dim=1)
+
+
+@pytest.mark.parametrize("dtype,top_k,expected", [
+    ("float32", None, 50 * 10 * 4),      # n * M * 4
+    ("float16", None, 50 * 10 * 2),      # n * M * 2
+    ("uint8", None, 50 * 10 * 1),        # n * M * 1
+    ("float32", 3, 50 * 3 * (4 + 1)),    # n * k * (4 value + 1 index byte, M <= 256)
+    ("float16", 3, 50 * 3 * (2 + 1)),
+    ("uint8", 3, 50 * 3 * (1 + 1)),
+])
+def test_bytes_sent_match_the_formula(probs, dtype, top_k, expected):
+    payload = encode(probs, dtype, top_k)
+    assert payload.nbytes == expected == pseudo_label_bytes(50, 10, dtype, top_k)
+
+
+def test_index_bytes_grow_past_256_classes():
+    p = torch.softmax(torch.randn(4, 300), dim=1)
+    assert encode(p, "float16", 5).nbytes == 4 * 5 * (2 + 2) == pseudo_label_bytes(4, 300, "float16", 5)
+
+
+def test_decoded_rows_are_on_the_simplex_and_close(probs):
+    for dtype, tol in (("float32", 1e-6), ("float16", 2e-3), ("uint8", 1e-2)):
+        out = decode(encode(probs, dtype))
+        assert torch.allclose(out.sum(1), torch.ones(50), atol=1e-5)
+        assert (out - probs).abs().max() <= tol
+
+
+def test_top_k_by_hand():
+    p = torch.tensor([[0.5, 0.3, 0.1, 0.06, 0.04]])
+    out = decode(encode(p, "float32", top_k=2))
+    # kept .5 and .3; dropped mass .2 spread over the other 3 classes: .0667 each
+    assert out[0].tolist() == pytest.approx([0.5, 0.3, 0.2 / 3, 0.2 / 3, 0.2 / 3], abs=1e-6)
+    assert torch.equal(decode(encode(p, "float32", top_k=5)), p)
+
+
+def test_bad_settings():
+    p = torch.full((2, 4), 0.25)
+    with pytest.raises(ValueError, match="top_k"):
+        encode(p, "float32", top_k=5)
+    with pytest.raises(ValueError, match="upload_dtype"):
+        encode(p, "int4")

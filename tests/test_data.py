@@ -1,0 +1,215 @@
+"""Data sets and the federation builder (offline; pitfalls 5, 9, 10)."""
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cosmos_pl.data import (
+    CIFAR10,
+    DATASETS,
+    Digits,
+    FashionMNIST,
+    GroupDirichlet,
+    ImageData,
+    ImageFolderData,
+    NpzData,
+    Partition,
+    Partitioner,
+    TinyImageNet,
+    build_federation,
+    get_dataset,
+)
+
+SHARED_NPZ = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10_subset.npz"
+FASHION_DIR = Path(FashionMNIST.SYSTEM_DIR)
+
+
+# --------------------------------------------------------------------------- loaders
+
+
+def test_digits_shapes_and_values():
+    d = Digits().load()
+    # 1797 images; stratified 25% test split -> 450 test, 1347 train.
+    assert d.x_train.shape == (1347, 1, 8, 8) and d.x_test.shape == (450, 1, 8, 8)
+    assert d.x_train.dtype == torch.uint8 and d.y_train.dtype == torch.int64
+    assert d.num_classes == 10 and d.in_chans == 1 and d.image_size == 8 and d.shape == (8, 8)
+    # values 0..16 scaled by 255/16 and rounded: only these 17 levels occur
+    levels = set(np.round(np.arange(17) * 255 / 16).astype(int).tolist())
+    assert set(torch.unique(d.x_train).tolist()) <= levels
+    assert d.x_train.min() == 0 and d.x_train.max() == 255
+    # stratified: each class's test share is within one sample of 25% of that class
+    per_class = torch.bincount(torch.cat([d.y_train, d.y_test]))
+    assert torch.all((torch.bincount(d.y_test) - 0.25 * per_class).abs() <= 1)
+    again = Digits().load()
+    assert torch.equal(d.x_test, again.x_test) and torch.equal(d.y_train, again.y_train)
+
+
+@pytest.mark.skipif(not FASHION_DIR.is_dir(), reason=f"{FASHION_DIR} absent (apt-get install dataset-fashion-mnist)")
+def test_fashion_mnist_from_debian_folder():
+    d = FashionMNIST(root="/nonexistent", download=False).load()
+    assert d.x_train.shape == (60000, 1, 28, 28) and d.x_test.shape == (10000, 1, 28, 28)
+    assert d.x_train.dtype == torch.uint8 and d.y_test.dtype == torch.int64
+    assert torch.bincount(d.y_train).tolist() == [6000] * 10
+    assert d.classes[0] == "T-shirt/top" and d.num_classes == 10
+
+
+@pytest.mark.skipif(not SHARED_NPZ.is_file(), reason=f"{SHARED_NPZ} absent")
+def test_npz_shared_cifar10_subset():
+    d = NpzData(str(SHARED_NPZ)).load()
+    assert d.x_train.shape == (10000, 3, 32, 32) and d.x_test.shape == (10000, 3, 32, 32)
+    assert d.classes[:2] == ["airplane", "automobile"] and d.num_classes == 10
+    assert torch.bincount(d.y_test).tolist() == [1000] * 10
+
+
+def test_npz_tiny(tmp_path):
+    x = np.arange(2 * 3 * 4 * 3, dtype=np.uint8).reshape(2, 3, 4, 3)  # [N, H, W, C]
+    path = tmp_path / "tiny.npz"
+    np.savez(path, x_train=x, y_train=np.array([0, 1]), x_test=x[:1], y_test=np.array([1]),
+             classes=np.array(["cat", "dog"]))
+    d = NpzData(str(path)).load()
+    assert d.x_train.shape == (2, 3, 3, 4) and d.shape == (3, 4) and d.in_chans == 3
+    assert d.x_train[1, 2, 0, 3] == x[1, 0, 3, 2]  # NCHW[n, c, h, w] == NHWC[n, h, w, c]
+    assert d.classes == ["cat", "dog"] and d.y_test.dtype == torch.int64
+    gray = tmp_path / "gray.npz"
+    np.savez(gray, x_train=x[..., 0], y_train=np.array([0, 1]), x_test=x[:1, ..., 0], y_test=np.array([1]))
+    g = NpzData(str(gray)).load()
+    assert g.x_train.shape == (2, 1, 3, 4) and g.classes == ["0", "1"]
+
+
+def test_image_folder(tmp_path):
+    from torchvision.io import write_png
+
+    for split, cls, i, size in [("train", "a", 0, 6), ("train", "b", 1, 8), ("test", "b", 2, 8)]:
+        (tmp_path / split / cls).mkdir(parents=True, exist_ok=True)
+        write_png(torch.full((3, size, size), 10 * i, dtype=torch.uint8), str(tmp_path / split / cls / f"{i}.png"))
+    with pytest.raises(ValueError, match="image_size"):
+        ImageFolderData(str(tmp_path)).load()
+    d = ImageFolderData(str(tmp_path), image_size=4).load()
+    assert d.x_train.shape == (2, 3, 4, 4) and d.x_test.shape == (1, 3, 4, 4)
+    assert d.classes == ["a", "b"] and d.y_test.tolist() == [1]  # test/ has only b, index from train
+
+
+def test_missing_datasets_raise_file_not_found(tmp_path, monkeypatch):
+    empty = tmp_path / "empty"
+    with pytest.raises(FileNotFoundError, match="download: true") as e:
+        CIFAR10(root=str(empty), download=False).load()
+    assert str(empty) in str(e.value)
+
+    monkeypatch.setattr(FashionMNIST, "SYSTEM_DIR", str(tmp_path / "no_debian"))
+    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist") as e:
+        FashionMNIST(root=str(empty), download=False).load()
+    assert str(tmp_path / "no_debian") in str(e.value) and str(empty) in str(e.value)
+
+    with pytest.raises(FileNotFoundError, match="tiny-imagenet-200"):
+        TinyImageNet(root=str(empty), download=False).load()
+    with pytest.raises(FileNotFoundError, match="ImageFolder layout") as e:
+        ImageFolderData(str(empty)).load()
+    assert str(empty / "train") in str(e.value)
+    with pytest.raises(FileNotFoundError, match="nothing.npz"):
+        NpzData(str(tmp_path / "nothing.npz")).load()
+
+
+def test_get_dataset():
+    assert set(DATASETS) == {"fashion_mnist", "digits", "cifar10", "cifar100", "emnist_balanced",
+                             "tiny_imagenet", "image_folder", "npz"}
+    ds = get_dataset("digits", split_seed=1)
+    assert isinstance(ds, Digits) and ds.split_seed == 1
+    with pytest.raises(ValueError, match="'fashionmnist'.*Did you mean 'fashion_mnist'"):
+        get_dataset("fashionmnist")
+
+
+# --------------------------------------------------------------------------- federation
+
+
+class FixedCounts(Partitioner):
+    """Hand-made partition: client i takes counts[i][c] samples of class c, in index order."""
+
+    def __init__(self, counts):
+        self.counts = counts
+
+    def __call__(self, labels, num_clients, seed):
+        taken, out = {}, []
+        for row in self.counts:
+            ix = []
+            for c, k in enumerate(row):
+                start = taken.get(c, 0)
+                ix.extend(np.flatnonzero(labels == c)[start:start + k])
+                taken[c] = start + k
+            out.append(np.sort(np.array(ix, dtype=np.int64)))
+        return Partition(out)
+
+
+def tagged_data(train_counts, test_counts) -> ImageData:
+    """Images whose first pixel is their index in the split, so draws can be traced."""
+    ytr = torch.tensor(np.repeat(np.arange(len(train_counts)), train_counts), dtype=torch.int64)
+    yte = torch.tensor(np.repeat(np.arange(len(test_counts)), test_counts), dtype=torch.int64)
+    xtr = torch.zeros(len(ytr), 1, 2, 2, dtype=torch.uint8)
+    xte = torch.zeros(len(yte), 1, 2, 2, dtype=torch.uint8)
+    xtr[:, 0, 0, 0] = torch.arange(len(ytr), dtype=torch.uint8)
+    xte[:, 0, 0, 0] = torch.arange(len(yte), dtype=torch.uint8)
+    return ImageData("tagged", xtr, ytr, xte, yte, [f"c{k}" for k in range(len(train_counts))])
+
+
+def test_client_test_sets_hand_worked():
+    # train: 10 / 10 / 15 samples of classes 0 / 1 / 2; test: 20 / 20 / 2.
+    data = tagged_data([10, 10, 15], [20, 20, 2])
+    part = FixedCounts([[6, 3, 1], [4, 7, 9], [0, 0, 5]])
+    fed = build_federation(data, part, 3, public_fraction=0.0, test_samples_per_client=10)
+    got = [torch.bincount(c.y_test, minlength=3).tolist() for c in fed.clients]
+    # client 0: shares of 10 by (6, 3, 1) are exact -> (6, 3, 1).
+    # client 1: 10 * (4, 7, 9) / 20 = (2, 3.5, 4.5) -> floors (2, 3, 4) + 1 leftover to the
+    #   first largest remainder (class 1) -> (2, 4, 4); class 2 capped at its 2 test samples.
+    # client 2: only class 2, of which 2 exist -> target min(10, 2) = 2.
+    assert got == [[6, 3, 1], [2, 4, 2], [0, 0, 2]]
+    assert [c.class_counts.tolist() for c in fed.clients] == [[6, 3, 1], [4, 7, 9], [0, 0, 5]]
+    for c in fed.clients:
+        idx = c.x_test[:, 0, 0, 0].long()
+        assert len(set(idx.tolist())) == len(idx)  # no replacement
+        assert torch.equal(data.y_test[idx], c.y_test)  # images and labels stay paired
+        assert torch.equal(data.y_train[c.x[:, 0, 0, 0].long()], c.y)
+
+
+def test_public_set_size_and_no_labels():
+    data = tagged_data([20, 20, 10], [5, 5, 5])  # N = 50
+    fed = build_federation(data, GroupDirichlet(num_groups=2, alpha=1.0), 4, public_fraction=0.25,
+                           test_samples_per_client=5, seed=3)
+    # |U| = floor(0.25 * 50 + 0.5) = floor(13.0) = 13 (round half up; Python's round gives 12).
+    assert fed.public_x.shape == (13, 1, 2, 2)
+    # U and the clients split the training set exactly.
+    ids = fed.public_x[:, 0, 0, 0].tolist() + [i for c in fed.clients for i in c.x[:, 0, 0, 0].tolist()]
+    assert sorted(ids) == list(range(50))
+    # No label of U is stored: public_x is a bare tensor and no field holds public labels.
+    assert type(fed.public_x) is torch.Tensor
+    assert [f.name for f in dataclasses.fields(fed) if "public" in f.name] == ["public_x"]
+    assert fed.num_classes == 3 and fed.in_chans == 1 and fed.image_shape == (2, 2)
+
+
+def test_federation_seed_determinism_and_subsample():
+    data = Digits().load()
+    kw = dict(public_fraction=0.2, test_samples_per_client=50, max_train_samples=500)
+    a = build_federation(data, GroupDirichlet(), 10, seed=0, **kw)
+    b = build_federation(data, GroupDirichlet(), 10, seed=0, **kw)
+    c = build_federation(data, GroupDirichlet(), 10, seed=1, **kw)
+    assert torch.equal(a.public_x, b.public_x) and not torch.equal(a.public_x, c.public_x)
+    for ca, cb in zip(a.clients, b.clients):
+        assert torch.equal(ca.x, cb.x) and torch.equal(ca.y_test, cb.y_test)
+    # subsample of 500 then |U| = floor(0.2 * 500 + 0.5) = 100
+    assert len(a.public_x) == 100 and sum(len(cl.y) for cl in a.clients) == 400
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(public_fraction=1.0), "public_fraction=1.0"),
+        (dict(public_fraction=-0.1), "public_fraction=-0.1"),
+        (dict(test_samples_per_client=0), "test_samples_per_client=0"),
+        (dict(max_train_samples=2), "max_train_samples=2"),
+    ],
+)
+def test_federation_validation(kwargs, field):
+    data = tagged_data([10, 10, 10], [5, 5, 5])
+    with pytest.raises(ValueError, match=field):
+        build_federation(data, GroupDirichlet(num_groups=3), 3, **kwargs)

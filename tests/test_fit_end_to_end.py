@@ -1,0 +1,98 @@
+"""`cosmos-pl fit` on digits_smoke.yaml end to end: the run directory's files, their values, determinism."""
+
+import csv
+import json
+
+import pytest
+import yaml
+
+from cosmos_pl.cli import main
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(repo_root, tmp_path_factory):
+    """The same config and seed twice (pitfall 9: same numbers on CPU)."""
+    out = []
+    for name in ("a", "b"):
+        run_dir = tmp_path_factory.mktemp(name) / "run"
+        summary = main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(run_dir),
+                        "--wandb.mode", "disabled"])
+        out.append((run_dir, summary))
+    return out
+
+
+def test_run_directory_files(smoke_runs):
+    run_dir, summary = smoke_runs[0]
+    for name in ("config.yaml", "partition.json", "clusters.json", "metrics.csv", "clients.csv", "summary.json"):
+        assert (run_dir / name).is_file(), name
+    assert not list(run_dir.glob(".*.tmp")), "no half-written temp files are left behind"
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["data"]["dataset"]["class_path"] == "cosmos_pl.data.Digits"
+    rounds = config["cosmos"]["rounds"]
+
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["round"]) for r in rows] == list(range(rounds + 1))
+    assert rows[0]["phase"] == "local-only" and rows[0]["teacher_acc_mean"] == ""
+    assert rows[1]["phase"] == "PTC" and all(r["phase"] == "IFFT" for r in rows[2:])
+
+    partition = json.loads((run_dir / "partition.json").read_text())
+    clients = config["data"]["num_clients"]
+    assert len(partition["class_counts"]) == clients and len(partition["groups"]) == clients
+
+    # byte counts: |U| * M * 4 bytes of float32 pseudo-labels each way per round
+    n_public, m = partition["public_set_size"], partition["num_classes"]
+    comm = summary["communication"]
+    assert comm["upload_bytes_per_client_per_round"] == n_public * m * 4
+    assert comm["download_bytes_per_client_per_round"] == n_public * m * 4
+    assert int(rows[1]["upload_bytes_per_client"]) == n_public * m * 4 and int(rows[0]["upload_bytes_per_client"]) == 0
+
+
+def test_summary_agrees_with_metrics_and_clients(smoke_runs):
+    run_dir, summary = smoke_runs[0]
+    saved = json.loads((run_dir / "summary.json").read_text())
+    for key in ("final", "best", "local_only", "clusters", "communication", "wall_seconds"):
+        assert key in saved
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert saved["final"]["round"] == len(rows) - 1
+    assert saved["final"]["teacher_acc"]["mean"] == pytest.approx(float(rows[-1]["teacher_acc_mean"]), abs=1e-6)
+    assert saved["local_only"]["client_acc"]["mean"] == pytest.approx(float(rows[0]["client_acc_mean"]), abs=1e-6)
+    best_row = max(rows[1:], key=lambda r: float(r["teacher_acc_mean"]))
+    assert saved["best"]["teacher_acc"]["mean"] == pytest.approx(float(best_row["teacher_acc_mean"]), abs=1e-6)
+
+    # the round mean is the mean of the per-client accuracies in clients.csv
+    with open(run_dir / "clients.csv") as f:
+        per_client = [r for r in csv.DictReader(f) if r["round"] == rows[-1]["round"]]
+    accs = [float(r["teacher_acc"]) for r in per_client]
+    assert sum(accs) / len(accs) == pytest.approx(float(rows[-1]["teacher_acc_mean"]), abs=1e-5)
+
+    clusters = json.loads((run_dir / "clusters.json").read_text())
+    assert saved["clusters"]["K"] == clusters["K"] == len(clusters["clusters"])
+    assert sorted(i for c in clusters["clusters"] for i in c) == list(range(len(per_client)))
+    assert -1.0 <= saved["clusters"]["adjusted_rand_index"] <= 1.0
+
+
+def test_same_config_and_seed_give_identical_metrics(smoke_runs):
+    (a, _), (b, _) = smoke_runs
+    assert (a / "metrics.csv").read_text() == (b / "metrics.csv").read_text()
+    assert (a / "clients.csv").read_text() == (b / "clients.csv").read_text()
+
+
+def test_print_config_works_offline_for_paper_configs(repo_root, capsys):
+    for name in ("cifar10", "cifar100", "emnist", "tinyimagenet", "cifar10_subset", "fmnist_quickstart"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["fit", "--config", str(repo_root / f"configs/{name}.yaml"), "--print_config"])
+        assert exit_info.value.code == 0
+        printed = yaml.safe_load(capsys.readouterr().out)
+        assert printed["cosmos"]["lambda_"] >= 0 and printed["data"]["dataset"]["class_path"].startswith("cosmos_pl.data.")
+
+
+def test_unknown_key_and_wrong_type_name_the_key(repo_root, capsys):
+    cfg = str(repo_root / "configs/digits_smoke.yaml")
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", cfg, "--cosmos.lamda", "3"])
+    assert "lamda" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", cfg, "--cosmos.rounds", "three"])
+    assert "cosmos.rounds" in capsys.readouterr().err

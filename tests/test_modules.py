@@ -1,0 +1,90 @@
+"""LightningModules and stages: lambda matters (pitfall 1), switches work both ways (pitfall 6), errors are clear."""
+
+import pytest
+import torch
+from torch import nn
+
+from cosmos_pl.federated.stages import TrainerConfig, evaluate, fit_distillation, fit_supervised, predict_probs
+from cosmos_pl.modules import DistillationModule, default_optimizer
+from cosmos_pl.transforms import Transformations
+
+CPU = TrainerConfig(accelerator="cpu", channels_last=False)
+
+
+def tiny_cnn(classes=3):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
+                         nn.Linear(16, classes))
+
+
+def toy_images(n=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (n, 1, 8, 8), dtype=torch.uint8, generator=g)
+    targets = torch.softmax(torch.randn(n, 3, generator=g), dim=1)
+    return x, targets
+
+
+def distilled_weights(lam):
+    model = tiny_cnn()
+    x, targets = toy_images()
+    fit_distillation(model, x, targets, epochs=2, batch_size=16, optimizer=default_optimizer(1e-2),
+                     transformations=Transformations(translate=1, noise_radius=0.1), lam=lam, num_views=1,
+                     trainer=CPU, seed=7)
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_lambda_changes_the_trained_weights():
+    w0, w5 = distilled_weights(0.0), distilled_weights(5.0)
+    assert not torch.allclose(w0, w5, atol=1e-6)
+    assert torch.equal(distilled_weights(5.0), w5)  # and the run itself is deterministic
+
+
+def test_supervised_training_learns_a_separable_problem():
+    # class = which half of the image is bright: learnable in a few epochs
+    n = 96
+    y = torch.arange(n) % 2
+    x = torch.zeros(n, 1, 8, 8, dtype=torch.uint8)
+    x[y == 0, :, :, :4] = 255
+    x[y == 1, :, :, 4:] = 255
+    model = tiny_cnn(classes=2)
+    before = evaluate(model, x, y, 2, CPU)["top1"]
+    losses = fit_supervised(model, x, y, epochs=15, batch_size=16, optimizer=default_optimizer(1e-2),
+                            transformations=None, trainer=CPU, seed=0)
+    assert losses[-1] < losses[0]
+    assert evaluate(model, x, y, 2, CPU)["top1"] == 1.0 and before < 1.0
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_channels_last_switch_gives_the_same_predictions(channels_last):
+    model = tiny_cnn()
+    x, _ = toy_images(8)
+    ref = predict_probs(model, x, CPU)
+    out = predict_probs(model, x, TrainerConfig(accelerator="cpu", channels_last=channels_last))
+    assert out.shape == (8, 3) and torch.allclose(out, ref, atol=1e-5)
+    assert torch.allclose(out.sum(1), torch.ones(8), atol=1e-5)
+
+
+@pytest.mark.parametrize("hflip", [False, True])
+def test_hflip_switch(hflip):
+    torch.manual_seed(0)
+    x = torch.rand(64, 1, 4, 4)
+    out = Transformations(translate=0, hflip=hflip, noise_radius=0).augment(x)
+    flipped = [torch.equal(o, xi.flip(-1)) and not torch.equal(o, xi) for o, xi in zip(out, x)]
+    assert any(flipped) == hflip
+    assert all(torch.equal(o, xi) or torch.equal(o, xi.flip(-1)) for o, xi in zip(out, x))
+
+
+def test_distillation_module_rejects_bad_settings():
+    with pytest.raises(ValueError, match="lambda_"):
+        DistillationModule(tiny_cnn(), default_optimizer(1e-3), Transformations(), lam=-1.0)
+    with pytest.raises(ValueError, match="num_views"):
+        DistillationModule(tiny_cnn(), default_optimizer(1e-3), Transformations(), num_views=0)
+    with pytest.raises(ValueError, match="transformations"):
+        DistillationModule(tiny_cnn(), default_optimizer(1e-3), None, lam=1.0)
+
+
+def test_gpu_accelerator_without_cuda_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(ValueError, match="trainer.accelerator"):
+        predict_probs(tiny_cnn(), toy_images(4)[0], TrainerConfig(accelerator="gpu"))
