@@ -66,7 +66,6 @@ def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
     seed_everything(init.seed, verbose=False)
 
     data_cfg: DataConfig = init.data
-    start = time.perf_counter()
     data = data_cfg.dataset.load()
     federation = build_federation(
         data, data_cfg.partitioner, data_cfg.num_clients, public_fraction=data_cfg.public_fraction,
@@ -92,7 +91,6 @@ def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
         summary = loop.run()
     finally:
         tracker.finish()
-    summary["data_seconds"] = round(time.perf_counter() - start - summary["wall_seconds"], 2)
     print_table(loop.rows, console)
     final, local = summary["final"], summary["local_only"]
     console.print(

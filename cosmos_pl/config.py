@@ -78,7 +78,8 @@ class ServerConfig:
         ptc_epochs: teacher epochs over U in the PTC phase (round 1), training from scratch.
         distill_epochs: teacher fine-tuning epochs over U in every IFFT round.
         batch_size: teacher batch size.
-        optimizer: teacher optimizer (paper: Adam lr 1e-4).
+        optimizer: teacher optimizer (paper: Adam lr 1e-4); in the PTC round the teachers train from scratch with it.
+        finetune_optimizer: teacher optimizer in IFFT rounds (fine-tuning); null uses `optimizer`.
     """
 
     backbone: str = "resnet10t"
@@ -89,6 +90,7 @@ class ServerConfig:
     distill_epochs: int = 1
     batch_size: int = 128
     optimizer: OptimizerCallable = _adam(1e-4)
+    finetune_optimizer: Optional[OptimizerCallable] = None
 
 
 @dataclass

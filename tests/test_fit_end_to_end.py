@@ -96,3 +96,14 @@ def test_unknown_key_and_wrong_type_name_the_key(repo_root, capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--config", cfg, "--cosmos.rounds", "three"])
     assert "cosmos.rounds" in capsys.readouterr().err
+
+
+def test_notebook_runs_on_the_digits_run(smoke_runs):
+    from test_notebook import _execute_notebook
+
+    run_dir, summary = smoke_runs[0]
+    nb, text = _execute_notebook(run_dir)
+    assert f"{summary['final']['teacher_acc']['mean']:.4f}" in text
+    assert f"{summary['local_only']['client_acc']['mean']:.4f}" in text
+    images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(images) == 2

@@ -177,9 +177,10 @@ def test_headline_and_table(run_dir):
 
 def _execute_notebook(run_dir: Path, timeout: int = 300):
     """Execute notebooks/explore_run.ipynb against run_dir; return (nb, all output text)."""
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
+    # plain imports, not importorskip: these are test dependencies, and a missing one must fail
+    import nbclient
+    import nbformat
+
     nb = nbformat.read(NOTEBOOK, as_version=4)
     env = {
         "COSMOS_RUN_DIR": str(run_dir),
@@ -215,7 +216,8 @@ def _execute_notebook(run_dir: Path, timeout: int = 300):
 
 
 def test_notebook_is_saved_without_outputs():
-    nbformat = pytest.importorskip("nbformat")
+    import nbformat
+
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbformat.validate(nb)
     for cell in nb.cells:

@@ -161,12 +161,13 @@ class FederatedLoop:
             self.teachers = [self._backbone(self.scfg.backbone, stage_seed(self.seed, 0, "teacher_init", k))
                              for k in range(len(self.clusters))]
         epochs = self.scfg.ptc_epochs if rnd == 1 else self.scfg.distill_epochs
+        optimizer = self.scfg.optimizer if rnd == 1 or self.scfg.finetune_optimizer is None else self.scfg.finetune_optimizer
 
         def fit(k: int) -> torch.Tensor:
             target = apply_temperature(aggregate(uploads[self.clusters[k]], self.scfg.aggregation),
                                        self.cosmos.temperature)
             fit_distillation(self.teachers[k], self.public, target, epochs=epochs, batch_size=self.scfg.batch_size,
-                             optimizer=self.scfg.optimizer, transformations=self.cosmos.transformations,
+                             optimizer=optimizer, transformations=self.cosmos.transformations,
                              lam=self.cosmos.lambda_, num_views=self.cosmos.num_views, trainer=self.tcfg,
                              seed=stage_seed(self.seed, rnd, "teacher", k),
                              target_grad=self.cosmos.consistency_target_grad)
