@@ -14,7 +14,16 @@ from typing import Any, Optional
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
-from cosmos_pl.config import ClientConfig, CosmosConfig, DataConfig, ServerConfig, TrainerConfig, WandbConfig
+from cosmos_pl.config import (
+    ClientConfig,
+    CommunicationConfig,
+    CosmosConfig,
+    DataConfig,
+    ExecutorConfig,
+    ServerConfig,
+    TrainerConfig,
+    WandbConfig,
+)
 
 __all__ = ["build_parser", "main", "run_fit"]
 
@@ -30,7 +39,9 @@ def build_fit_parser() -> ArgumentParser:
     p.add_class_arguments(ClientConfig, "clients")
     p.add_class_arguments(ServerConfig, "server")
     p.add_class_arguments(CosmosConfig, "cosmos")
+    p.add_class_arguments(CommunicationConfig, "communication")
     p.add_class_arguments(TrainerConfig, "trainer")
+    p.add_class_arguments(ExecutorConfig, "executor")
     p.add_class_arguments(WandbConfig, "wandb")
     return p
 
@@ -87,7 +98,7 @@ def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
                       init.wandb.project, init.wandb.entity, init.wandb.name, init.wandb.tags)
     try:
         loop = FederatedLoop(federation, init.clients, init.server, init.cosmos, init.trainer, init.seed,
-                             run_dir, tracker, console)
+                             run_dir, tracker, console, executor=init.executor, communication=init.communication)
         summary = loop.run()
     finally:
         tracker.finish()

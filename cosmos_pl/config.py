@@ -12,10 +12,15 @@ from jsonargparse import lazy_instance
 from lightning.pytorch.cli import OptimizerCallable
 
 from cosmos_pl.data import FashionMNIST, GroupDirichlet, ImageDataset, Partitioner
+from cosmos_pl.communication import UploadDtype
+from cosmos_pl.federated.executor import ExecutorConfig
 from cosmos_pl.federated.stages import TrainerConfig
 from cosmos_pl.transforms import Transformations
 
-__all__ = ["DataConfig", "ClientConfig", "ServerConfig", "CosmosConfig", "WandbConfig", "TrainerConfig"]
+__all__ = [
+    "DataConfig", "ClientConfig", "ServerConfig", "CosmosConfig", "CommunicationConfig", "WandbConfig",
+    "TrainerConfig", "ExecutorConfig",
+]
 
 
 def _adam(lr: float):
@@ -112,6 +117,19 @@ class CosmosConfig:
     num_views: int = 1
     consistency_target_grad: bool = False
     transformations: Transformations = field(default_factory=Transformations)
+
+
+@dataclass
+class CommunicationConfig:
+    """How clients' uploads are encoded; bytes are counted exactly (summary.json, metrics.csv).
+
+    Args:
+        upload_dtype: float32 (default), float16, or uint8 (each probability quantized to round(255 p), renormalized on arrival).
+        top_k: send only the k largest probabilities per public sample with their class indices; the dropped mass is spread evenly over the other classes on arrival. null sends all M.
+    """
+
+    upload_dtype: UploadDtype = "float32"
+    top_k: Optional[int] = None
 
 
 @dataclass

@@ -51,3 +51,21 @@ def test_bad_settings():
         encode(p, "float32", top_k=5)
     with pytest.raises(ValueError, match="upload_dtype"):
         encode(p, "int4")
+
+
+def test_fit_counts_compressed_upload_bytes(repo_root, tmp_path):
+    import csv
+    import json
+
+    from cosmos_pl.cli import main
+
+    run_dir = tmp_path / "run"
+    summary = main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(run_dir),
+                    "--wandb.mode", "disabled", "--communication.upload_dtype", "uint8", "--communication.top_k", "3",
+                    "--cosmos.rounds", "1"])
+    n = json.loads((run_dir / "partition.json").read_text())["public_set_size"]
+    assert summary["communication"]["upload_bytes_per_client_per_round"] == n * 3 * (1 + 1)  # k values + k indices
+    assert summary["communication"]["download_bytes_per_client_per_round"] == n * 10 * 4  # dense float32
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert int(rows[1]["upload_bytes_per_client"]) == n * 3 * 2

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Optional, Sequence, Union
 
 import torch
 
-__all__ = ["ExecutorConfig", "Executor", "make_executor", "resolve_devices"]
+__all__ = ["ExecutorConfig", "Executor", "Task", "resolve_devices"]
 
 Task = tuple[Callable[..., Any], dict[str, Any]]
 
@@ -80,17 +80,18 @@ def _init_worker(slots: Any, threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _run(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+def _run(fn: Callable[..., Any], kwargs: dict[str, Any], returns_model: bool) -> tuple[Any, Any]:
     out = fn(**kwargs)
-    return kwargs.get("model"), out  # the model was trained in place in this process: send it back
+    # a trained model changed in this process: send it back; a read-only one need not travel again
+    return (kwargs.get("model") if returns_model else None), out
 
 
 class Executor:
     """Runs a stage's tasks; ``map`` yields ``(index, model, output)`` as tasks finish.
 
     Each task is ``(fn, kwargs)``; ``fn`` trains or reads ``kwargs["model"]`` in place (when there is one)
-    and returns a small output. In parallel mode the trained model comes back as a copy, which the caller
-    puts in place of its own.
+    and returns a small output. With ``returns_model`` the (trained) model is yielded too: in parallel mode
+    it is a copy from the worker, which the caller puts in place of its own.
     """
 
     def __init__(self, cfg: ExecutorConfig) -> None:
@@ -112,7 +113,8 @@ class Executor:
                                              initargs=(slots, self.threads))
         return self._pool
 
-    def map(self, tasks: Sequence[Task], costs: Optional[Sequence[float]] = None) -> Iterator[tuple[int, Any, Any]]:
+    def map(self, tasks: Sequence[Task], costs: Optional[Sequence[float]] = None,
+            returns_model: bool = False) -> Iterator[tuple[int, Any, Any]]:
         if not self.parallel:
             previous = torch.get_num_threads()
             torch.set_num_threads(self.threads)
@@ -125,9 +127,7 @@ class Executor:
         pool = self._start()
         # largest estimated cost first, so a big task does not start last and leave workers idle
         order = sorted(range(len(tasks)), key=lambda i: -(costs[i] if costs else 0.0))
-        futures: dict[Future, int] = {pool.submit(_run, *tasks[i]): i for i in order}
-        from concurrent.futures import as_completed
-
+        futures: dict[Future, int] = {pool.submit(_run, *tasks[i], returns_model): i for i in order}
         for fut in as_completed(futures):
             model, out = fut.result()
             yield futures[fut], model, out
@@ -138,5 +138,3 @@ class Executor:
             self._pool = None
 
 
-def make_executor(cfg: ExecutorConfig) -> Executor:
-    return Executor(cfg)

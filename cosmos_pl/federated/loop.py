@@ -21,19 +21,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sklearn.metrics import adjusted_rand_score
 from torch import nn
 
-from cosmos_pl.aggregation import aggregate
 from cosmos_pl.clustering import greedy_clustering, pairwise_distances, resolve_b0
-from cosmos_pl.communication import pseudo_label_bytes
-from cosmos_pl.config import ClientConfig, CosmosConfig, ServerConfig
+from cosmos_pl.communication import decode, encode, pseudo_label_bytes
+from cosmos_pl.config import ClientConfig, CommunicationConfig, CosmosConfig, ServerConfig
 from cosmos_pl.data import ClientData, Federation
 from cosmos_pl.federated.records import RunDirectory
+from cosmos_pl.federated.executor import Executor, ExecutorConfig, Task
 from cosmos_pl.federated.stages import (
     TrainerConfig,
-    evaluate,
+    evaluate_client,
     fit_distillation,
     fit_supervised,
     predict_probs,
     stage_seed,
+    teacher_stage,
 )
 from cosmos_pl.losses import apply_temperature
 from cosmos_pl.models import create_backbone
@@ -56,10 +57,17 @@ class Client:
 
 @dataclass
 class _Timer:
-    seconds: dict[str, float] = field(default_factory=dict)
+    """Seconds per stage, in total and per round; labels look like "round 2: local training"."""
 
-    def add(self, stage: str, start: float) -> None:
-        self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+    seconds: dict[str, float] = field(default_factory=dict)
+    by_round: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def add(self, label: str, start: float) -> None:
+        rnd, stage = label.removeprefix("round ").split(": ", 1)
+        elapsed = time.perf_counter() - start
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + elapsed
+        per = self.by_round.setdefault(rnd, {})
+        per[stage] = per.get(stage, 0.0) + elapsed
 
 
 class FederatedLoop:
@@ -68,6 +76,8 @@ class FederatedLoop:
     Args:
         federation: clients' data, the public set U ``[n, C, H, W]`` (inputs only) and the partition.
         clients: client settings; server: server settings; cosmos: algorithm settings; trainer: devices/precision.
+        executor: where independent tasks run (default: sequential in this process).
+        communication: how uploads are encoded (default: dense float32).
         seed: the experiment seed; every stage is seeded from (seed, round, stage, id).
         run_dir: where metrics.csv, clients.csv, clusters.json and summary.json go.
         tracker: the W&B run; console: where progress and the table are printed.
@@ -75,7 +85,8 @@ class FederatedLoop:
 
     def __init__(self, federation: Federation, clients: ClientConfig, server: ServerConfig, cosmos: CosmosConfig,
                  trainer: TrainerConfig, seed: int, run_dir: RunDirectory, tracker: Tracker,
-                 console: Console | None = None) -> None:
+                 console: Console | None = None, executor: ExecutorConfig | None = None,
+                 communication: CommunicationConfig | None = None) -> None:
         if cosmos.rounds < 1:
             raise ValueError(f"cosmos.rounds={cosmos.rounds}: at least 1 (the PTC round) is needed")
         if not clients.backbones:
@@ -84,6 +95,9 @@ class FederatedLoop:
         self.seed, self.run_dir, self.tracker = seed, run_dir, tracker
         self.console = console or Console()
         self.timer = _Timer()
+        self.round_seconds: dict[int, float] = {}
+        self.executor = Executor(executor or ExecutorConfig())
+        self.comm = communication or CommunicationConfig()
         self.rows: list[dict[str, Any]] = []
         self.client_rows: list[dict[str, Any]] = []
         self.clients = [self._make_client(i, d) for i, d in enumerate(federation.clients)]
@@ -91,8 +105,8 @@ class FederatedLoop:
         self.clusters: list[list[int]] = []
         self.public = federation.public_x
         n, m = len(self.public), federation.num_classes
-        self.upload_bytes = pseudo_label_bytes(n, m)
-        self.download_bytes = pseudo_label_bytes(n, m)
+        self.upload_bytes = pseudo_label_bytes(n, m, self.comm.upload_dtype, self.comm.top_k)
+        self.download_bytes = pseudo_label_bytes(n, m)  # teachers' pseudo-labels come back dense float32
 
     # ----------------------------------------------------------------- construction
     def _backbone(self, name: str, role_seed: int) -> nn.Module:
@@ -108,30 +122,40 @@ class FederatedLoop:
         return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=self.console, transient=True)
 
-    def _each(self, label: str, items: list, fn) -> list:
+    def _run(self, label: str, tasks: list[Task], costs: list[float] | None = None,
+             trains: bool = False) -> list[tuple[nn.Module, Any]]:
+        """Run a stage's independent tasks on the executor; returns ``(model, output)`` in task order."""
         start = time.perf_counter()
-        out = []
+        results: list[Any] = [None] * len(tasks)
         with self._progress() as bar:
-            task = bar.add_task(label, total=len(items))
-            for item in items:
-                out.append(fn(item))
+            task = bar.add_task(label, total=len(tasks))
+            for i, model, out in self.executor.map(tasks, costs, returns_model=trains):
+                results[i] = (model, out)
                 bar.advance(task)
-        self.timer.add(label.split(": ", 1)[-1], start)
-        return out
+        self.timer.add(label, start)
+        return results
+
+    @staticmethod
+    def _cost(model: nn.Module, samples: int) -> float:
+        return float(sum(p.numel() for p in model.parameters()) * samples)
 
     def _local_training(self, rnd: int, epochs: int) -> None:
-        def train(c: Client) -> None:
-            fit_supervised(c.model, c.data.x, c.data.y, epochs=epochs, batch_size=self.ccfg.batch_size,
-                           optimizer=self.ccfg.optimizer, transformations=self.cosmos.transformations,
-                           trainer=self.tcfg, seed=stage_seed(self.seed, rnd, "local", c.id))
-
-        self._each(f"round {rnd}: local training", self.clients, train)
+        tasks = [(fit_supervised, dict(
+            model=c.model, x=c.data.x, y=c.data.y, epochs=epochs, batch_size=self.ccfg.batch_size,
+            optimizer=self.ccfg.optimizer, transformations=self.cosmos.transformations, trainer=self.tcfg,
+            seed=stage_seed(self.seed, rnd, "local", c.id))) for c in self.clients]
+        costs = [self._cost(c.model, len(c.data.x)) for c in self.clients]
+        for c, (model, _) in zip(self.clients, self._run(f"round {rnd}: local training", tasks, costs, trains=True)):
+            c.model = model
 
     def _upload(self, rnd: int) -> torch.Tensor:
-        """Every client's pseudo-labels on U: ``[N, n, M]``."""
-        probs = self._each(f"round {rnd}: pseudo-labels", self.clients,
-                           lambda c: predict_probs(c.model, self.public, self.tcfg))
-        return torch.stack(probs)
+        """Every client's pseudo-labels on U as the server decodes them: ``[N, n, M]``."""
+        tasks = [(predict_probs, dict(model=c.model, x=self.public, trainer=self.tcfg)) for c in self.clients]
+        costs = [self._cost(c.model, len(self.public)) for c in self.clients]
+        payloads = [encode(probs, self.comm.upload_dtype, self.comm.top_k)
+                    for _, probs in self._run(f"round {rnd}: pseudo-labels", tasks, costs)]
+        self.upload_bytes = payloads[0].nbytes  # every client sends the same shape
+        return torch.stack([decode(p) for p in payloads])
 
     def _cluster(self, uploads: torch.Tensor) -> dict[str, Any]:
         distances = pairwise_distances(uploads, self.scfg.distance)
@@ -160,47 +184,43 @@ class FederatedLoop:
         if not self.teachers:
             self.teachers = [self._backbone(self.scfg.backbone, stage_seed(self.seed, 0, "teacher_init", k))
                              for k in range(len(self.clusters))]
-        epochs = self.scfg.ptc_epochs if rnd == 1 else self.scfg.distill_epochs
-        optimizer = self.scfg.optimizer if rnd == 1 or self.scfg.finetune_optimizer is None else self.scfg.finetune_optimizer
-
-        def fit(k: int) -> torch.Tensor:
-            target = apply_temperature(aggregate(uploads[self.clusters[k]], self.scfg.aggregation),
-                                       self.cosmos.temperature)
-            fit_distillation(self.teachers[k], self.public, target, epochs=epochs, batch_size=self.scfg.batch_size,
-                             optimizer=optimizer, transformations=self.cosmos.transformations,
-                             lam=self.cosmos.lambda_, num_views=self.cosmos.num_views, trainer=self.tcfg,
-                             seed=stage_seed(self.seed, rnd, "teacher", k),
-                             target_grad=self.cosmos.consistency_target_grad)
-            return predict_probs(self.teachers[k], self.public, self.tcfg)
-
-        return self._each(f"round {rnd}: teacher distillation", list(range(len(self.clusters))), fit)
+        ptc = rnd == 1
+        optimizer = self.scfg.optimizer if ptc or self.scfg.finetune_optimizer is None else self.scfg.finetune_optimizer
+        epochs = self.scfg.ptc_epochs if ptc else self.scfg.distill_epochs
+        tasks = [(teacher_stage, dict(
+            model=self.teachers[k], cluster_labels=uploads[members], aggregation=self.scfg.aggregation,
+            temperature=self.cosmos.temperature, x=self.public, epochs=epochs, batch_size=self.scfg.batch_size,
+            optimizer=optimizer, transformations=self.cosmos.transformations, lam=self.cosmos.lambda_,
+            num_views=self.cosmos.num_views, trainer=self.tcfg, seed=stage_seed(self.seed, rnd, "teacher", k),
+            target_grad=self.cosmos.consistency_target_grad)) for k, members in enumerate(self.clusters)]
+        costs = [self._cost(t, len(self.public) * max(epochs, 1)) for t in self.teachers]
+        results = self._run(f"round {rnd}: teacher distillation", tasks, costs, trains=True)
+        self.teachers = [model for model, _ in results]
+        return [labels for _, labels in results]
 
     def _client_distillation(self, rnd: int, teacher_labels: list[torch.Tensor]) -> None:
-        def distill(c: Client) -> None:
-            target = apply_temperature(teacher_labels[c.cluster], self.cosmos.temperature)
-            fit_distillation(c.model, self.public, target, epochs=self.ccfg.distill_epochs,
-                             batch_size=self.ccfg.batch_size, optimizer=self.ccfg.distill_optimizer,
-                             transformations=self.cosmos.transformations, lam=self.cosmos.lambda_,
-                             num_views=self.cosmos.num_views, trainer=self.tcfg,
-                             seed=stage_seed(self.seed, rnd, "distill", c.id),
-                             target_grad=self.cosmos.consistency_target_grad)
-
-        self._each(f"round {rnd}: client distillation", self.clients, distill)
+        tasks = [(fit_distillation, dict(
+            model=c.model, x=self.public, targets=apply_temperature(teacher_labels[c.cluster], self.cosmos.temperature),
+            epochs=self.ccfg.distill_epochs, batch_size=self.ccfg.batch_size, optimizer=self.ccfg.distill_optimizer,
+            transformations=self.cosmos.transformations, lam=self.cosmos.lambda_, num_views=self.cosmos.num_views,
+            trainer=self.tcfg, seed=stage_seed(self.seed, rnd, "distill", c.id),
+            target_grad=self.cosmos.consistency_target_grad)) for c in self.clients]
+        costs = [self._cost(c.model, len(self.public)) for c in self.clients]
+        for c, (model, _) in zip(self.clients, self._run(f"round {rnd}: client distillation", tasks, costs, trains=True)):
+            c.model = model
 
     # ----------------------------------------------------------------- evaluation
     def _evaluate(self, rnd: int, phase: str) -> dict[str, Any]:
         m = self.fed.num_classes
         per_client: list[dict[str, Any]] = []
 
-        def score(c: Client) -> None:
-            own = evaluate(c.model, c.data.x_test, c.data.y_test, m, self.tcfg)
-            teacher = (evaluate(self.teachers[c.cluster], c.data.x_test, c.data.y_test, m, self.tcfg)
-                       if self.teachers else {})
+        tasks = [(evaluate_client, dict(
+            model=c.model, teacher=self.teachers[c.cluster] if self.teachers else None, x=c.data.x_test,
+            y=c.data.y_test, num_classes=m, trainer=self.tcfg)) for c in self.clients]
+        for c, (_, (own, teacher)) in zip(self.clients, self._run(f"round {rnd}: evaluation", tasks)):
             per_client.append({"round": rnd, "client": c.id, "backbone": c.backbone, "cluster": c.cluster,
                                "teacher_acc": teacher.get("top1"), "client_acc": own["top1"],
                                **({"teacher_top5": teacher.get("top5"), "client_top5": own["top5"]} if "top5" in own else {})})
-
-        self._each(f"round {rnd}: evaluation", self.clients, score)
         row: dict[str, Any] = {"round": rnd, "phase": phase, "num_clusters": len(self.clusters) or None}
         for key in ("teacher_acc", "client_acc", "teacher_top5", "client_top5"):
             if key not in per_client[0]:
@@ -223,10 +243,18 @@ class FederatedLoop:
     def run(self) -> dict[str, Any]:
         """Round 0, the PTC round and the IFFT rounds; returns the summary (also written to summary.json)."""
         start = time.perf_counter()
+        try:
+            return self._rounds(start)
+        finally:
+            self.executor.close()
+
+    def _rounds(self, start: float) -> dict[str, Any]:
         self._local_training(0, self.ccfg.pretrain_epochs)
         self._evaluate(0, "local-only")
+        self.round_seconds[0] = time.perf_counter() - start
         clusters_info: dict[str, Any] = {}
         for rnd in range(1, self.cosmos.rounds + 1):
+            round_start = time.perf_counter()
             if rnd > 1:
                 self._local_training(rnd, self.ccfg.local_epochs)
             uploads = self._upload(rnd)
@@ -235,6 +263,7 @@ class FederatedLoop:
             teacher_labels = self._teacher_round(rnd, uploads)
             self._client_distillation(rnd, teacher_labels)
             self._evaluate(rnd, "PTC" if rnd == 1 else "IFFT")
+            self.round_seconds[rnd] = time.perf_counter() - round_start
         self._write_clients_csv()
         return self._summary(clusters_info, time.perf_counter() - start)
 
@@ -268,6 +297,7 @@ class FederatedLoop:
                          "assignment": clusters_info.get("assignment"),
                          "adjusted_rand_index": clusters_info.get("adjusted_rand_index")},
             "communication": {"upload_bytes_per_client_per_round": self.upload_bytes,
+                              "upload_dtype": self.comm.upload_dtype, "top_k": self.comm.top_k,
                               "download_bytes_per_client_per_round": self.download_bytes,
                               "rounds": self.cosmos.rounds,
                               "public_samples": len(self.public), "num_classes": self.fed.num_classes},
@@ -275,6 +305,8 @@ class FederatedLoop:
             "backbones": {"clients": [c.backbone for c in self.clients], "teacher": self.scfg.backbone},
             "wall_seconds": round(wall, 2),
             "stage_seconds": {k: round(v, 2) for k, v in self.timer.seconds.items()},
+            "round_seconds": {str(k): round(v, 2) for k, v in self.round_seconds.items()},
+            "stage_seconds_by_round": {r: {k: round(v, 2) for k, v in st.items()} for r, st in self.timer.by_round.items()},
         }
         self.run_dir.write_json("summary.json", summary)
         self.tracker.summary(summary)

@@ -10,7 +10,7 @@ import contextlib
 import logging
 import warnings
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import numpy as np
@@ -20,6 +20,8 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 from torchmetrics.classification import MulticlassAccuracy
 
+from cosmos_pl.aggregation import aggregate
+from cosmos_pl.losses import apply_temperature
 from cosmos_pl.modules import DistillationModule, SupervisedModule
 from cosmos_pl.modules.base import OptimizerFactory
 from cosmos_pl.transforms import Transformations, prepare
@@ -32,6 +34,8 @@ __all__ = [
     "predict_probs",
     "evaluate",
     "resolve_device",
+    "teacher_stage",
+    "evaluate_client",
 ]
 
 # Per-stage Trainers are many and short: keep their start-up chatter out of the console.
@@ -217,3 +221,20 @@ def evaluate(
         for m in metrics.values():
             m.update(logits.cpu(), target)
     return {k: float(m.compute()) for k, m in metrics.items()}
+
+
+def teacher_stage(model: nn.Module, cluster_labels: torch.Tensor, aggregation: str, temperature: float,
+                  x: torch.Tensor, **fit: Any) -> torch.Tensor:
+    """A cluster teacher's round (COSMOS Section 4.1 Step 3): aggregate its clients' pseudo-labels
+    ``[G, n, M]`` (mean/median/max), apply the temperature, fit Eq. 1 on U ``x``, and return the teacher's
+    pseudo-labels on U ``[n, M]``. ``fit`` holds the keyword arguments of :func:`fit_distillation`."""
+    target = apply_temperature(aggregate(cluster_labels, aggregation), temperature)
+    fit_distillation(model, x, target, **fit)
+    return predict_probs(model, x, fit["trainer"])
+
+
+def evaluate_client(model: nn.Module, teacher: nn.Module | None, x: torch.Tensor, y: torch.Tensor,
+                    num_classes: int, trainer: TrainerConfig) -> tuple[dict[str, float], dict[str, float]]:
+    """A client's test accuracies: its own model f_i and its cluster teacher h_pi(i) (empty before round 1)."""
+    own = evaluate(model, x, y, num_classes, trainer)
+    return own, (evaluate(teacher, x, y, num_classes, trainer) if teacher is not None else {})
