@@ -35,7 +35,7 @@ class _Quiet:
         return lambda *a, **k: None
 
 
-def build_loop(clients: int, public: int, per_client: int = 480, clients_per_group: int = 4,
+def build_loop(clients: int, public: int, per_client: int = 480, clients_per_group: int = 5,
                executor: ExecutorConfig | None = None) -> FederatedLoop:
     """Fashion-MNIST with |U| = ``public`` and about ``per_client`` labelled images per client, groups of
     ``clients_per_group`` clients (K = clients / clients_per_group teachers), untrained models, and the

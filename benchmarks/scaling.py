@@ -1,6 +1,6 @@
 """Seconds per COSMOS round as the number of clients and the public set grow.
 
-Clients: 10, 20 and 40, each with about 480 labelled images, 4 clients per class group (so K = N/4
+Clients: 10, 20 and 40, each with about 480 labelled images, 5 clients per class group (so K = N/5
 teachers), |U| fixed: per-client work is constant, so seconds per client per round should stay flat.
 Public set: |U| at 1x, 2x and 4x with 20 clients. One IFFT round each (local fine-tune, upload, teacher
 fine-tune, client distillation). The last line is JSON with keys ``seconds_per_client_by_clients`` and
