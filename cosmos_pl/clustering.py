@@ -14,7 +14,7 @@ import torch
 
 __all__ = ["pairwise_distances", "greedy_clustering", "otsu_threshold", "silhouette_threshold", "resolve_b0", "B0"]
 
-B0 = Union[float, Literal["auto", "otsu"]]
+B0 = Union[float, Literal["auto", "otsu", "inf"]]
 
 
 def pairwise_distances(pseudo_labels: torch.Tensor, metric: Literal["l1", "l2"] = "l1") -> np.ndarray:
@@ -159,14 +159,14 @@ def silhouette_threshold(distances: np.ndarray) -> float:
 
 
 def resolve_b0(b0: B0, distances: np.ndarray) -> float:
-    """A configured B0 as a float: a number >= 0 (``inf`` allowed), ``"auto"`` (:func:`silhouette_threshold`)
+    """A configured B0 as a float: a number >= 0, ``"inf"`` (one cluster), ``"auto"`` (:func:`silhouette_threshold`)
     or ``"otsu"`` (:func:`otsu_threshold`).
 
     Raises:
         ValueError: an unknown string or a negative number, naming the value and the fix.
     """
     if isinstance(b0, str):
-        rules = {"auto": silhouette_threshold, "otsu": otsu_threshold}
+        rules = {"auto": silhouette_threshold, "otsu": otsu_threshold, "inf": lambda _: math.inf}
         if b0 not in rules:
             raise ValueError(f"server.b0={b0!r}: give a number >= 0, 'inf', 'auto' (silhouette rule) or 'otsu'")
         return rules[b0](distances)

@@ -77,7 +77,7 @@ class ServerConfig:
 
     Args:
         backbone: the teachers' architecture (paper: vgg16), created once per cluster.
-        b0: the clustering threshold B0 on the L1 distance per public sample (in [0, 2]); 'auto': the B0 whose Algorithm 1 clustering has the best silhouette on the distances; 'otsu': Otsu's threshold on them.
+        b0: the clustering threshold B0 on the L1 distance per public sample (in [0, 2]); 'auto': the B0 whose Algorithm 1 clustering has the best silhouette on the distances; 'otsu': Otsu's threshold on them; 'inf': one cluster.
         distance: client distance, 'l1' (the paper's) or 'l2'.
         aggregation: how a cluster's pseudo-labels are combined: mean (paper), median or max.
         ptc_epochs: teacher epochs over U in the PTC phase (round 1), training from scratch.
@@ -88,7 +88,7 @@ class ServerConfig:
     """
 
     backbone: str = "resnet10t"
-    b0: Union[float, Literal["auto", "otsu"]] = "auto"
+    b0: Union[float, Literal["auto", "otsu", "inf"]] = "auto"
     distance: Literal["l1", "l2"] = "l1"
     aggregation: Literal["mean", "median", "max"] = "mean"
     ptc_epochs: int = 5

@@ -90,6 +90,7 @@ def test_otsu_threshold_by_hand():
     assert otsu_threshold(d) == pytest.approx((0.2 + 0.9) / 2)
     assert resolve_b0("otsu", d) == pytest.approx(0.55)
     assert resolve_b0(0.3, d) == 0.3
+    assert resolve_b0("inf", d) == math.inf
 
 
 def test_auto_b0_recovers_planted_groups_from_pseudo_labels_only():
