@@ -88,3 +88,17 @@ def test_gpu_accelerator_without_cuda_is_a_clear_error():
         pytest.skip("CUDA is available here")
     with pytest.raises(ValueError, match="trainer.accelerator"):
         predict_probs(tiny_cnn(), toy_images(4)[0], TrainerConfig(accelerator="gpu"))
+
+
+@pytest.mark.parametrize("compile_backbone", [False, True])
+def test_compile_switch_trains_the_same_model_in_place(compile_backbone):
+    model = tiny_cnn()
+    before = [p.detach().clone() for p in model.parameters()]
+    x, targets = toy_images(32)
+    losses = fit_distillation(model, x, targets, epochs=1, batch_size=16, optimizer=default_optimizer(1e-2),
+                              transformations=Transformations(translate=1), lam=1.0, num_views=1,
+                              trainer=TrainerConfig(accelerator="cpu", channels_last=False, compile=compile_backbone),
+                              seed=0)
+    assert len(losses) == 1 and losses[0] > 0
+    assert not isinstance(model, torch._dynamo.eval_frame.OptimizedModule)  # the caller's model object is kept
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))  # ... and it was trained

@@ -4,7 +4,6 @@ hand-made run directory (no training needed)."""
 import csv
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np

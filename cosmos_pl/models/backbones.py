@@ -22,7 +22,6 @@ from __future__ import annotations
 import difflib
 
 import timm
-import torch
 import torchvision
 from torch import nn
 
