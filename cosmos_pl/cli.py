@@ -25,7 +25,7 @@ from cosmos_pl.config import (
     WandbConfig,
 )
 
-__all__ = ["build_parser", "main", "run_fit"]
+__all__ = ["build_parser", "main", "run", "run_fit"]
 
 
 def build_fit_parser() -> ArgumentParser:
@@ -128,15 +128,27 @@ def _plain(cfg: Namespace) -> dict[str, Any]:
     return {k: v for k, v in cfg.clone().as_dict().items() if k != "config"}
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any] | None:
-    os.environ.setdefault("PYTHONHASHSEED", "0")
+def run(argv: list[str]) -> dict[str, Any] | None:
+    """Parse ``argv`` (e.g. ``["fit", "--config", ...]``) and run it; returns the summary dict of ``fit``."""
     parser = build_parser()
-    cfg = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    cfg = parser.parse_args(argv)
     if cfg.subcommand == "fit":
         fit_parser = parser._subcommands_action._name_parser_map["fit"]
         return run_fit(cfg.fit, fit_parser)
     return None
 
 
+def main(argv: list[str] | None = None) -> int:
+    """The ``cosmos-pl`` console script: exit status 0 on success, 2 on a bad setting or missing data."""
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    try:
+        run(sys.argv[1:] if argv is None else argv)
+    except (ValueError, FileNotFoundError) as err:
+        # settings checked after parsing (partition, data set, thresholds) name the field and the fix
+        print(f"cosmos-pl: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

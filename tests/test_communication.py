@@ -57,10 +57,10 @@ def test_fit_counts_compressed_upload_bytes(repo_root, tmp_path):
     import csv
     import json
 
-    from cosmos_pl.cli import main
+    from cosmos_pl.cli import main, run
 
     run_dir = tmp_path / "run"
-    summary = main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(run_dir),
+    summary = run(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(run_dir),
                     "--wandb.mode", "disabled", "--communication.upload_dtype", "uint8", "--communication.top_k", "3",
                     "--cosmos.rounds", "1"])
     n = json.loads((run_dir / "partition.json").read_text())["public_set_size"]

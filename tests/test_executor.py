@@ -2,7 +2,7 @@
 
 import pytest
 
-from cosmos_pl.cli import main
+from cosmos_pl.cli import main, run
 from cosmos_pl.federated.executor import Executor, ExecutorConfig, resolve_devices
 
 
@@ -15,7 +15,7 @@ def test_sequential_and_parallel_digits_runs_give_identical_metrics(repo_root, t
     runs = {}
     for kind in ("sequential", "parallel"):
         run_dir = tmp_path / kind
-        main(["fit", "--config", cfg, "--run_dir", str(run_dir), "--wandb.mode", "disabled",
+        run(["fit", "--config", cfg, "--run_dir", str(run_dir), "--wandb.mode", "disabled",
               "--executor.kind", kind, "--executor.devices", "2", "--executor.threads_per_worker", "1"])
         runs[kind] = run_dir
     for name in ("metrics.csv", "clients.csv"):

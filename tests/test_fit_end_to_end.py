@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from cosmos_pl.cli import main
+from cosmos_pl.cli import main, run
 
 
 @pytest.fixture(scope="module")
@@ -15,9 +15,11 @@ def smoke_runs(repo_root, tmp_path_factory):
     out = []
     for name in ("a", "b"):
         run_dir = tmp_path_factory.mktemp(name) / "run"
-        summary = main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(run_dir),
-                        "--wandb.mode", "disabled"])
-        out.append((run_dir, summary))
+        # the console script's entry point: exit status 0 on success (sys.exit(main()))
+        status = main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(run_dir),
+                       "--wandb.mode", "disabled"])
+        assert status == 0
+        out.append((run_dir, json.loads((run_dir / "summary.json").read_text())))
     return out
 
 
@@ -107,3 +109,18 @@ def test_notebook_runs_on_the_digits_run(smoke_runs):
     assert f"{summary['local_only']['client_acc']['mean']:.4f}" in text
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(images) == 2
+
+
+def test_settings_checked_after_parsing_fail_fast_with_a_clean_message(repo_root, tmp_path, capsys):
+    cfg = str(repo_root / "configs/digits_smoke.yaml")
+    # an impossible partition: 3 clients for 5 class groups
+    assert main(["fit", "--config", cfg, "--run_dir", str(tmp_path / "p"), "--data.num_clients", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cosmos-pl: error:") and "num_clients=3" in err and "Traceback" not in err
+    # a negative B0 fails before any training (no metrics.csv is written)
+    assert main(["fit", "--config", cfg, "--run_dir", str(tmp_path / "b"), "--server.b0", "-1"]) == 2
+    assert "server.b0=-1" in capsys.readouterr().err
+    assert not (tmp_path / "b" / "metrics.csv").exists()
+    # a top_k larger than M fails before any training too
+    assert main(["fit", "--config", cfg, "--run_dir", str(tmp_path / "k"), "--communication.top_k", "11"]) == 2
+    assert "top_k=11" in capsys.readouterr().err

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -91,6 +92,8 @@ class FederatedLoop:
             raise ValueError(f"cosmos.rounds={cosmos.rounds}: at least 1 (the PTC round) is needed")
         if not clients.backbones:
             raise ValueError("clients.backbones is empty: give at least one timm/torchvision name")
+        if not isinstance(server.b0, str):
+            resolve_b0(server.b0, np.zeros((1, 1)))  # a bad number fails now, not after round 0 has trained
         self.fed, self.ccfg, self.scfg, self.cosmos, self.tcfg = federation, clients, server, cosmos, trainer
         self.seed, self.run_dir, self.tracker = seed, run_dir, tracker
         self.console = console or Console()
