@@ -9,11 +9,12 @@ import time
 
 import torch
 
-from cosmos_pl.config import ClientConfig, CosmosConfig, ServerConfig
+from cosmos_pl.algorithms import COSMOS
 from cosmos_pl.data import FashionMNIST, GroupDirichlet, build_federation
+from cosmos_pl.federated.client import ClientConfig
 from cosmos_pl.federated.executor import ExecutorConfig
-from cosmos_pl.federated.loop import FederatedLoop
-from cosmos_pl.federated.stages import TrainerConfig, stage_seed
+from cosmos_pl.federated.runner import Runner
+from cosmos_pl.federated.stages import TrainerConfig
 from cosmos_pl.transforms import Transformations
 
 LR_LABELS, LR_PSEUDO = 1e-3, 1e-4  # Appendix C: Adam 1e-3 on labels, 1e-4 on pseudo-labels (teachers too)
@@ -28,45 +29,30 @@ def adam(lr: float):
     return make
 
 
-class _Quiet:
-    """Stands in for the run directory and the tracker: benchmarks write nothing."""
-
-    def __getattr__(self, name):
-        return lambda *a, **k: None
-
-
-def build_loop(clients: int, public: int, per_client: int = 480, clients_per_group: int = 5,
-               executor: ExecutorConfig | None = None) -> FederatedLoop:
+def build_runner(clients: int, public: int, per_client: int = 480, clients_per_group: int = 5,
+                 executor: ExecutorConfig | None = None) -> Runner:
     """Fashion-MNIST with |U| = ``public`` and about ``per_client`` labelled images per client, groups of
-    ``clients_per_group`` clients (K = clients / clients_per_group teachers), untrained models, and the
-    clusters set to the true groups (timing only; the algorithm itself never reads them)."""
+    ``clients_per_group`` clients (K = clients / clients_per_group teachers), untrained models, and COSMOS's
+    clusters set to the true groups (timing only; the algorithm itself never reads them). Writes no files."""
     labelled = clients * per_client
     fed = build_federation(FashionMNIST().load(), GroupDirichlet(num_groups=max(1, clients // clients_per_group)),
                            clients, public_fraction=public / (labelled + public),
                            max_train_samples=labelled + public, seed=0)
     ccfg = ClientConfig(backbones=CLIENT_BACKBONES, batch_size=32, optimizer=adam(LR_LABELS),
                         distill_optimizer=adam(LR_PSEUDO))
-    scfg = ServerConfig(backbone=TEACHER_BACKBONE, batch_size=32, distill_epochs=1, optimizer=adam(LR_PSEUDO))
-    cosmos = CosmosConfig(transformations=Transformations(translate=2))
-    loop = FederatedLoop(fed, ccfg, scfg, cosmos, TrainerConfig(accelerator="auto"), 0, _Quiet(), _Quiet(),
-                         executor=executor)
+    algorithm = COSMOS(teacher_backbone=TEACHER_BACKBONE, teacher_batch_size=32, teacher_epochs=1,
+                       teacher_optimizer=adam(LR_PSEUDO))
+    runner = Runner(fed, algorithm, ccfg, rounds=2, seed=0, transformations=Transformations(translate=2),
+                    trainer=TrainerConfig(accelerator="auto"), executor=executor)
     groups = fed.partition.groups
-    loop.clusters = [[i for i in range(clients) if groups[i] == g] for g in sorted(set(groups.tolist()))]
-    for k, members in enumerate(loop.clusters):
-        for i in members:
-            loop.clients[i].cluster = k
-    loop.teachers = [loop._backbone(TEACHER_BACKBONE, stage_seed(0, 0, "teacher_init", k))
-                     for k in range(len(loop.clusters))]
-    return loop
+    algorithm.set_clusters([[i for i in range(clients) if groups[i] == g] for g in sorted(set(groups.tolist()))])
+    return runner
 
 
-def cosmos_round(loop: FederatedLoop, rnd: int = 2) -> float:
+def cosmos_round(runner: Runner, rnd: int = 2) -> float:
     """Seconds for one IFFT round through cosmos-pl: local fine-tune, upload, teachers, client distillation."""
     start = time.perf_counter()
-    loop._local_training(rnd, loop.ccfg.local_epochs)
-    uploads = loop._upload(rnd)
-    labels = loop._teacher_round(rnd, uploads)
-    loop._client_distillation(rnd, labels)
+    runner.train_round(rnd)
     return time.perf_counter() - start
 
 

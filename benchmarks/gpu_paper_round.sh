@@ -19,6 +19,6 @@ np.savez("data/cifar100_shape.npz",
          x_test=rng.integers(0, 256, (10000, 32, 32, 3), dtype=np.uint8), y_test=np.arange(10000) % 100,
          classes=np.array([f"class_{i}" for i in range(100)]))
 PYEOF
-  ARGS+=(--data.dataset cosmos_pl.data.NpzData --data.dataset.path data/cifar100_shape.npz --server.b0 inf)
+  ARGS+=(--data.dataset cosmos_pl.data.NpzData --data.dataset.path data/cifar100_shape.npz --algorithm.b0 inf)
 fi
 exec "$PY" benchmarks/paper_round.py --config configs/cifar100.yaml "${ARGS[@]}" "$@"

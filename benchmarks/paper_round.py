@@ -23,7 +23,7 @@ from cosmos_pl.cli import build_fit_parser, run_fit  # noqa: E402
 def main() -> None:
     parser = build_fit_parser()
     run_dir = tempfile.mkdtemp(prefix="paper_round-")
-    argv = sys.argv[1:] + ["--clients.pretrain_epochs", "1", "--server.ptc_epochs", "1", "--cosmos.rounds", "2",
+    argv = sys.argv[1:] + ["--clients.pretrain_epochs", "1", "--algorithm.ptc_epochs", "1", "--rounds", "2",
                            "--wandb.mode", "disabled", "--run_dir", run_dir]
     cfg = parser.parse_args(argv)
     if torch.cuda.is_available():
@@ -32,13 +32,14 @@ def main() -> None:
     seconds = summary["round_seconds"]["2"]
     n_pub = summary["communication"]["public_samples"]
     n_clients = summary["num_clients"]
-    views = 1 + cfg.cosmos.num_views
+    algo = cfg.algorithm.init_args
+    views = 1 + algo.num_views
     k = summary["clusters"]["K"]
     # images through each stage in the IFFT round (forward+backward counted once per image and view)
     sizes = json.loads((Path(run_dir) / "partition.json").read_text())["sizes"]
     images = {"local training": sum(sizes) * cfg.clients.local_epochs,
               "pseudo-labels": n_clients * n_pub,
-              "teacher distillation": k * n_pub * cfg.server.distill_epochs * views,
+              "teacher distillation": k * n_pub * algo.teacher_epochs * views,
               "client distillation": n_clients * n_pub * cfg.clients.distill_epochs * views}
     peak = max((torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count())), default=0)
     print(f"IFFT round: {seconds:.1f} s on {torch.cuda.device_count()} GPU(s); peak GPU memory {peak / 2**30:.2f} GiB")

@@ -20,7 +20,7 @@ from lightning.fabric.utilities.seed import seed_everything
 from torch.utils.data import BatchSampler, RandomSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import LR_LABELS, LR_PSEUDO, build_loop, cosmos_round, emit  # noqa: E402
+from _common import LR_LABELS, LR_PSEUDO, build_runner, cosmos_round, emit  # noqa: E402
 
 from cosmos_pl.aggregation import aggregate  # noqa: E402
 from cosmos_pl.federated.stages import stage_seed  # noqa: E402
@@ -52,9 +52,8 @@ def _predict(model, x, batch_size=1024):
     return out
 
 
-def bare_round(loop, rnd: int = 2) -> float:
-    cc, sc, cosmos = loop.ccfg, loop.scfg, loop.cosmos
-    t = cosmos.transformations
+def bare_round(runner, rnd: int = 2) -> float:
+    cc, algo, t = runner.ccfg, runner.algorithm, runner.transformations
 
     def ce(m, x, y):
         return F.cross_entropy(m(prepare(x, t, channels_last=True)), y)
@@ -62,23 +61,23 @@ def bare_round(loop, rnd: int = 2) -> float:
     def kd(m, x, target, w):
         b = len(x)
         logits = m(torch.cat([prepare(x, channels_last=True), prepare(x, t, perturb=True, channels_last=True)]))
-        return distillation_loss(logits[:b], target, logits[b:][None], cosmos.lambda_, w)[0]
+        return distillation_loss(logits[:b], target, logits[b:][None], algo.lambda_, w)[0]
 
     start = time.perf_counter()
-    for c in loop.clients:
+    for c in runner.clients:
         _epochs(c.model, (c.data.x, c.data.y), cc.local_epochs, cc.batch_size, LR_LABELS, ce,
-                stage_seed(loop.seed, rnd, "local", c.id))
-    uploads = torch.stack([_predict(c.model, loop.public) for c in loop.clients])
-    ones = torch.ones(len(loop.public))
+                stage_seed(runner.seed, rnd, "local", c.id))
+    uploads = torch.stack([_predict(c.model, runner.public) for c in runner.clients])
+    ones = torch.ones(len(runner.public))
     labels = []
-    for k, members in enumerate(loop.clusters):
-        target = aggregate(uploads[members], sc.aggregation)
-        _epochs(loop.teachers[k], (loop.public, target, ones), sc.distill_epochs, sc.batch_size, LR_PSEUDO, kd,
-                stage_seed(loop.seed, rnd, "teacher", k))
-        labels.append(_predict(loop.teachers[k], loop.public))
-    for c in loop.clients:
-        _epochs(c.model, (loop.public, labels[c.cluster], ones), cc.distill_epochs, cc.batch_size, LR_PSEUDO, kd,
-                stage_seed(loop.seed, rnd, "distill", c.id))
+    for k, members in enumerate(algo.clusters):
+        target = aggregate(uploads[members], algo.aggregation)
+        _epochs(algo.teachers[k], (runner.public, target, ones), algo.teacher_epochs, algo.teacher_batch_size,
+                LR_PSEUDO, kd, stage_seed(runner.seed, rnd, "teacher", k))
+        labels.append(_predict(algo.teachers[k], runner.public))
+    for c in runner.clients:
+        _epochs(c.model, (runner.public, labels[algo.assignment[c.id]], ones), cc.distill_epochs, cc.batch_size,
+                LR_PSEUDO, kd, stage_seed(runner.seed, rnd, "distill", c.id))
     return time.perf_counter() - start
 
 
@@ -90,7 +89,7 @@ def main() -> None:
     args = ap.parse_args()
     ours, bare = [], []
     for r in range(args.repeats):
-        a, b = build_loop(args.clients, args.public), build_loop(args.clients, args.public)  # seeded: identical models
+        a, b = build_runner(args.clients, args.public), build_runner(args.clients, args.public)  # seeded: identical models
         if r % 2 == 0:  # alternate the order so neither path always runs first
             ours.append(cosmos_round(a)); bare.append(bare_round(b))
         else:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import build_loop, cosmos_round, emit  # noqa: E402
+from _common import build_runner, cosmos_round, emit  # noqa: E402
 
 from cosmos_pl.federated.executor import ExecutorConfig  # noqa: E402
 
@@ -29,13 +29,13 @@ def main() -> None:
     ex = ExecutorConfig(kind=args.executor)
     per_client = {}
     for n in (10, 20, 40):
-        seconds = cosmos_round(build_loop(n, args.public, executor=ex))
+        seconds = cosmos_round(build_runner(n, args.public, executor=ex))
         per_client[n] = round(seconds / n, 3)
         print(f"{n:3d} clients, |U| = {args.public}: {seconds:7.1f} s per round, {seconds / n:.3f} s per client", flush=True)
     by_public = {}
     for mult in (1, 2, 4):
         u = args.public * mult
-        seconds = cosmos_round(build_loop(20, u, executor=ex))
+        seconds = cosmos_round(build_runner(20, u, executor=ex))
         by_public[u] = round(seconds, 2)
         print(f" 20 clients, |U| = {u:5d}: {seconds:7.1f} s per round, {seconds / u * 1000:.2f} ms per public sample", flush=True)
     spread = max(per_client.values()) / min(per_client.values()) - 1

@@ -22,7 +22,7 @@ def aggregate(pseudo_labels: torch.Tensor, rule: Literal["mean", "median", "max"
         ValueError: an unknown rule (naming the valid ones) or an empty cluster.
     """
     if rule not in AGGREGATIONS:
-        raise ValueError(f"server.aggregation={rule!r}: use one of {AGGREGATIONS}")
+        raise ValueError(f"aggregation={rule!r}: use one of {AGGREGATIONS}")
     if pseudo_labels.dim() != 3 or pseudo_labels.shape[0] == 0:
         raise ValueError(f"pseudo_labels must be [G>=1, n, M], got shape {tuple(pseudo_labels.shape)}")
     p = pseudo_labels.float()

@@ -274,6 +274,8 @@ def headline(run) -> str:
     ari = info.get("adjusted_rand_index")
     lines = [
         f"run: {run.get('path')}",
+        f"algorithm: {summary.get('algorithm', 'cosmos')}; headline model: "
+        f"{summary.get('scored_model', 'cluster teacher h_pi(i)')}",
         f"final round: {final.get('round', 'n/a')}",
         f"final teacher accuracy: {_fmt(teacher.get('mean'))} ± {_fmt(teacher.get('sem'))} (SEM over clients)",
         f"final client accuracy:  {_fmt(client.get('mean'))} ± {_fmt(client.get('sem'))}",

@@ -1,7 +1,9 @@
-"""``cosmos-pl fit --config FILE [--dotted.overrides]``: the command line, built with jsonargparse.
+"""The ``cosmos-pl`` command line, built with jsonargparse.
 
-``cosmos-pl fit --print_config`` prints the fully resolved config; ``cosmos-pl fit --help`` documents every
-option (from the dataclass docstrings in :mod:`cosmos_pl.config`).
+``cosmos-pl fit --config FILE [--dotted.overrides]`` trains one algorithm (COSMOS by default) and writes a run
+directory; ``cosmos-pl compare --config FILE --algorithms cosmos,fedmd --seeds 0,1,2 --out DIR`` runs every
+(algorithm, seed) pair and writes the comparison. ``--print_config`` prints the fully resolved config; ``--help``
+documents every option (from the docstrings in :mod:`cosmos_pl.config` and the algorithm classes).
 """
 
 from __future__ import annotations
@@ -12,44 +14,66 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, lazy_instance
 
+from cosmos_pl.algorithms import COSMOS, Algorithm
 from cosmos_pl.config import (
     ClientConfig,
     CommunicationConfig,
-    CosmosConfig,
+    CompareConfig,
     DataConfig,
     ExecutorConfig,
-    ServerConfig,
     TrainerConfig,
+    Transformations,
     WandbConfig,
 )
 
-__all__ = ["build_parser", "main", "run", "run_fit"]
+__all__ = ["build_parser", "build_fit_parser", "main", "run", "run_fit"]
 
 
 def build_fit_parser() -> ArgumentParser:
-    p = ArgumentParser(description="Train COSMOS: heterogeneous clients, clustered server teachers, pseudo-labels only.",
+    p = ArgumentParser(description="Train one federated algorithm (COSMOS by default) on heterogeneous clients.",
                        exit_on_error=True)
     p.add_argument("--config", action=ActionConfigFile, help="YAML config file (configs/*.yaml); later flags override it.")
     p.add_argument("--seed", type=int, default=0, help="One seed for Python, NumPy, torch, the partition and every stage.")
     p.add_argument("--run_dir", type=Optional[str], default=None,
                    help="Run directory (default: runs/<config name>-<YYYYmmdd-HHMMSS>).")
+    p.add_argument("--round0_cache", type=Optional[str], default=None,
+                   help="Folder keeping trained round-0 client models by a hash of the settings that decide them; "
+                        "runs with the same hash load them instead of training (cosmos-pl compare sets it).")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="R: communication rounds after round 0 (COSMOS: round 1 is the PTC phase, rounds 2.. IFFT).")
     p.add_class_arguments(DataConfig, "data")
     p.add_class_arguments(ClientConfig, "clients")
-    p.add_class_arguments(ServerConfig, "server")
-    p.add_class_arguments(CosmosConfig, "cosmos")
+    p.add_subclass_arguments(Algorithm, "algorithm", default=lazy_instance(COSMOS), required=False,
+                             help="The federated algorithm: cosmos_pl.algorithms.COSMOS (default), LocalOnly, FedMD, "
+                                  "FedCT, COMET or FedAvg, with its init_args.")
+    p.add_class_arguments(Transformations, "transformations")
     p.add_class_arguments(CommunicationConfig, "communication")
     p.add_class_arguments(TrainerConfig, "trainer")
     p.add_class_arguments(ExecutorConfig, "executor")
     p.add_class_arguments(WandbConfig, "wandb")
+    p.add_class_arguments(CompareConfig, "comparison")
+    return p
+
+
+def build_compare_parser() -> ArgumentParser:
+    p = build_fit_parser()
+    p.description = "Run every (algorithm, seed) pair on the same partition per seed and write the comparison."
+    p.add_argument("--algorithms", type=Optional[str], default=None,
+                   help="Comma-separated short names (cosmos, local, fedmd, fedct, comet, fedavg); "
+                        "overrides comparison.algorithms.")
+    p.add_argument("--seeds", type=Optional[str], default=None, help="Comma-separated seeds; overrides comparison.seeds.")
+    p.add_argument("--jobs", type=Optional[int], default=None, help="Pairs run side by side; overrides comparison.jobs.")
+    p.add_argument("--out", type=str, required=True, help="Output folder: one run directory per pair, and the report.")
     return p
 
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="cosmos-pl", description="cosmos-pl: model-agnostic personalized federated learning.")
     sub = parser.add_subcommands(required=True)
-    sub.add_subcommand("fit", build_fit_parser(), help="Train COSMOS and write a run directory.")
+    sub.add_subcommand("fit", build_fit_parser(), help="Train one algorithm and write a run directory.")
+    sub.add_subcommand("compare", build_compare_parser(), help="Compare algorithms over seeds and write a report.")
     return parser
 
 
@@ -65,8 +89,9 @@ def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
     from rich.console import Console
 
     from cosmos_pl.data import build_federation
-    from cosmos_pl.federated.loop import FederatedLoop
-    from cosmos_pl.federated.records import RunDirectory
+    from cosmos_pl.federated.recorder import Recorder
+    from cosmos_pl.federated.run_directory import RunDirectory
+    from cosmos_pl.federated.runner import Runner
     from cosmos_pl.report import print_table
     from cosmos_pl.tracking import Tracker
 
@@ -74,6 +99,8 @@ def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
     run_path = Path(cfg.run_dir) if cfg.run_dir else _default_run_dir(cfg)
     config_yaml = parser.dump(cfg, skip_unset=False)
     init = parser.instantiate(cfg)
+    algorithm: Algorithm = init.algorithm
+    algorithm.validate(list(init.clients.backbones))  # before any data is loaded
     seed_everything(init.seed, verbose=False)
 
     data_cfg: DataConfig = init.data
@@ -85,69 +112,78 @@ def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
     )
     run_dir = RunDirectory(run_path)
     run_dir.write_text("config.yaml", config_yaml)
-    labels_np = _client_labels(federation)
     run_dir.write_json("partition.json", {
         "dataset": data.name, "num_classes": federation.num_classes, "classes": federation.classes,
         "public_set_size": len(federation.public_x),
         "test_set_sizes": [len(c.y_test) for c in federation.clients],
-        **federation.partition.to_json(labels_np, federation.num_classes),
+        **federation.partition.to_json(federation.partition_labels, federation.num_classes),
     })
-    console.print(f"[bold]cosmos-pl[/bold] {data.name}: {len(federation.clients)} clients, |U| = {len(federation.public_x)}, "
-                  f"M = {federation.num_classes}; run directory {run_path}")
+    console.print(f"[bold]cosmos-pl[/bold] {algorithm.name} on {data.name}: {len(federation.clients)} clients, "
+                  f"|U| = {len(federation.public_x)}, M = {federation.num_classes}; run directory {run_path}")
     tracker = Tracker(init.wandb.mode, run_path, _plain(cfg),
                       init.wandb.project, init.wandb.entity, init.wandb.name, init.wandb.tags)
     try:
-        loop = FederatedLoop(federation, init.clients, init.server, init.cosmos, init.trainer, init.seed,
-                             run_dir, tracker, console, executor=init.executor, communication=init.communication)
-        summary = loop.run()
+        runner = Runner(federation, algorithm, init.clients, rounds=init.rounds, seed=init.seed,
+                        transformations=init.transformations, trainer=init.trainer, executor=init.executor,
+                        communication=init.communication, recorder=Recorder(run_dir, tracker), console=console)
+        summary = runner.run(Path(cfg.round0_cache) if cfg.round0_cache else None, _round0_key(cfg))
     finally:
         tracker.finish()
-    print_table(loop.rows, console)
+    print_table(runner.recorder.rows, console, title=f"{algorithm.name}: personalized accuracy per round")
     final, local = summary["final"], summary["local_only"]
-    console.print(
-        f"final round {final['round']}: teacher h_pi(i) {final['teacher_acc']['mean']:.4f} ± {final['teacher_acc']['sem']:.4f}, "
-        f"client f_i {final['client_acc']['mean']:.4f}; local-only (round 0) {local['client_acc']['mean']:.4f}; "
-        f"K = {summary['clusters']['K']}, ARI = {summary['clusters']['adjusted_rand_index']}; "
-        f"{summary['wall_seconds']:.0f} s. Files in {run_path}"
-    )
+    teacher = final.get("teacher_acc", {}).get("mean")
+    parts = [f"final round {final['round']}: {summary['scored_model']} "
+             f"{final['personalized_acc']['mean']:.4f} ± {final['personalized_acc']['sem']:.4f}"]
+    if teacher is not None and algorithm.scored != "teacher":
+        parts.append(f"teacher {teacher:.4f}")
+    if algorithm.scored == "teacher":
+        parts.append(f"client f_i {final['client_acc']['mean']:.4f}")
+    parts.append(f"local-only (round 0) {local['client_acc']['mean']:.4f}")
+    if summary["clusters"]["K"] is not None:
+        parts.append(f"K = {summary['clusters']['K']}, ARI = {summary['clusters']['adjusted_rand_index']}")
+    console.print("; ".join(parts) + f"; {summary['wall_seconds']:.0f} s. Files in {run_path}")
     return summary
 
 
-def _client_labels(federation) -> Any:
-    """The partitioned labels array the partition's indices point into, rebuilt from the clients' labels."""
-    import numpy as np
+def _round0_key(cfg: Namespace) -> str:
+    """The settings that decide round 0 (data and partition, clients' models and pre-training, augmentation,
+    numerics), as text."""
+    import json
 
-    n = sum(len(ix) for ix in federation.partition.client_indices)
-    labels = np.zeros(n, dtype=np.int64)
-    for ix, c in zip(federation.partition.client_indices, federation.clients):
-        labels[np.asarray(ix)] = c.y.numpy()
-    return labels
+    parts = {k: cfg[k] for k in ("seed", "data", "transformations", "trainer")}
+    clients = cfg.clients.clone()
+    del clients["local_epochs"], clients["distill_epochs"], clients["distill_optimizer"]
+    parts["clients"] = clients
+    return json.dumps(Namespace(parts).as_dict(), sort_keys=True, default=str)
 
 
 def _plain(cfg: Namespace) -> dict[str, Any]:
-    return {k: v for k, v in cfg.clone().as_dict().items() if k != "config"}
+    return {k: v for k, v in cfg.clone().as_dict().items() if k not in ("config", "comparison")}
 
 
-def run(argv: list[str]) -> dict[str, Any] | None:
-    """Parse ``argv`` (e.g. ``["fit", "--config", ...]``) and run it; returns the summary dict of ``fit``."""
+def run(argv: list[str]) -> Any:
+    """Parse ``argv`` (e.g. ``["fit", "--config", ...]``) and run it; returns ``fit``'s summary dict or
+    ``compare``'s results."""
     parser = build_parser()
     cfg = parser.parse_args(argv)
+    sub = parser._subcommands_action._name_parser_map[cfg.subcommand]
     if cfg.subcommand == "fit":
-        fit_parser = parser._subcommands_action._name_parser_map["fit"]
-        return run_fit(cfg.fit, fit_parser)
-    return None
+        return run_fit(cfg.fit, sub)
+    from cosmos_pl.compare import run_compare
+
+    return run_compare(cfg.compare, sub, build_fit_parser())
 
 
 def main(argv: list[str] | None = None) -> int:
     """The ``cosmos-pl`` console script: exit status 0 on success, 2 on a bad setting or missing data."""
     os.environ.setdefault("PYTHONHASHSEED", "0")
     try:
-        run(sys.argv[1:] if argv is None else argv)
+        result = run(sys.argv[1:] if argv is None else argv)
     except (ValueError, FileNotFoundError) as err:
         # settings checked after parsing (partition, data set, thresholds) name the field and the fix
         print(f"cosmos-pl: error: {err}", file=sys.stderr)
         return 2
-    return 0
+    return 1 if getattr(result, "failed", False) else 0
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ def pairwise_distances(pseudo_labels: torch.Tensor, metric: Literal["l1", "l2"] 
     if pseudo_labels.dim() != 3:
         raise ValueError(f"pseudo_labels must be [N, n, M], got shape {tuple(pseudo_labels.shape)}")
     if metric not in ("l1", "l2"):
-        raise ValueError(f"server.distance={metric!r}: use 'l1' (paper) or 'l2'")
+        raise ValueError(f"distance={metric!r}: use 'l1' (paper) or 'l2'")
     p = pseudo_labels.double()
     n_clients, n = p.shape[0], p.shape[1]
     out = np.zeros((n_clients, n_clients))
@@ -71,7 +71,7 @@ def greedy_clustering(distances: np.ndarray, b0: float) -> list[list[int]]:
     if d.ndim != 2 or d.shape[0] != d.shape[1]:
         raise ValueError(f"distances must be a square [N, N] matrix, got shape {d.shape}")
     if not b0 >= 0:  # also catches NaN
-        raise ValueError(f"server.b0={b0}: the threshold must be a number >= 0 (or 'auto')")
+        raise ValueError(f"b0={b0}: the threshold must be a number >= 0 (or 'auto')")
     close = d <= b0
     np.fill_diagonal(close, False)
     remaining = list(range(d.shape[0]))
@@ -168,9 +168,9 @@ def resolve_b0(b0: B0, distances: np.ndarray) -> float:
     if isinstance(b0, str):
         rules = {"auto": silhouette_threshold, "otsu": otsu_threshold, "inf": lambda _: math.inf}
         if b0 not in rules:
-            raise ValueError(f"server.b0={b0!r}: give a number >= 0, 'inf', 'auto' (silhouette rule) or 'otsu'")
+            raise ValueError(f"b0={b0!r}: give a number >= 0, 'inf', 'auto' (silhouette rule) or 'otsu'")
         return rules[b0](distances)
     b0 = float(b0)
     if math.isnan(b0) or b0 < 0:
-        raise ValueError(f"server.b0={b0}: the threshold must be >= 0")
+        raise ValueError(f"b0={b0}: the threshold must be >= 0")
     return float(b0)

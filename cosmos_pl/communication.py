@@ -9,19 +9,44 @@ per client).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import torch
 
-__all__ = ["pseudo_label_bytes", "Payload", "encode", "decode", "UploadDtype"]
+__all__ = ["CommunicationConfig", "pseudo_label_bytes", "hard_label_bytes", "state_dict_bytes", "Payload", "encode",
+           "encode_hard", "decode", "UploadDtype"]
 
 UploadDtype = Literal["float32", "float16", "uint8"]
 _ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}
 
 
+@dataclass
+class CommunicationConfig:
+    """How clients' soft pseudo-label uploads are encoded; bytes are counted exactly (summary.json, metrics.csv).
+
+    Args:
+        upload_dtype: float32 (default), float16, or uint8 (each probability quantized to round(255 p), renormalized on arrival).
+        top_k: send only the k largest probabilities per public sample with their class indices; the dropped mass is spread evenly over the other classes on arrival. null sends all M.
+    """
+
+    upload_dtype: UploadDtype = "float32"
+    top_k: Optional[int] = None
+
+
 def _index_bytes(num_classes: int) -> int:
     return 1 if num_classes <= 256 else 2
+
+
+def hard_label_bytes(n: int, num_classes: int) -> int:
+    """Bytes of ``n`` class indices as sent: 1 byte each for M <= 256, else 2."""
+    return n * _index_bytes(num_classes)
+
+
+def state_dict_bytes(state: dict[str, Any]) -> int:
+    """Bytes of the floating-point tensors of a model's state dict (what FedAvg sends each way)."""
+    return sum(t.numel() * t.element_size() for t in state.values()
+               if isinstance(t, torch.Tensor) and t.is_floating_point())
 
 
 def pseudo_label_bytes(n: int, num_classes: int, dtype: str = "float32", top_k: Optional[int] = None) -> int:
@@ -84,13 +109,22 @@ def encode(probs: torch.Tensor, dtype: UploadDtype = "float32", top_k: Optional[
     return Payload(values, indices, m, dtype)
 
 
+def encode_hard(probs: torch.Tensor) -> Payload:
+    """Hard labels: the argmax class of each row of ``[n, M]``, as uint8 (M <= 256) or int16 indices ``[n]``."""
+    m = probs.shape[1]
+    labels = probs.argmax(dim=1).to(torch.uint8 if _index_bytes(m) == 1 else torch.int16)
+    return Payload(labels, None, m, "index")
+
+
 def decode(payload: Payload) -> torch.Tensor:
-    """Back to float32 ``[n, M]`` rows on the simplex.
+    """Back to float32 ``[n, M]`` rows on the simplex (hard labels become one-hot rows).
 
     Top-k rows: the kept probabilities are placed at their classes and the dropped mass ``1 - sum(kept)``
     is spread evenly over the other M - k classes (for k = M nothing is dropped). Every row is then divided
     by its sum; a row that decodes to all zeros (possible with uint8) becomes uniform.
     """
+    if payload.dtype == "index":
+        return torch.nn.functional.one_hot(payload.values.long(), payload.num_classes).float()
     values = payload.values.float()
     if payload.dtype == "uint8":
         values = values / 255

@@ -30,33 +30,37 @@ def _fmt(mean: Any, sem: Any) -> str:
     return f"{mean:.4f} ± {sem:.4f}"
 
 
-def round_table(rows: list[dict[str, Any]], title: str = "COSMOS: personalized accuracy per round") -> Table:
-    """A rich table of metrics.csv rows: teacher h_pi(i) and client f_i accuracy (mean ± SEM over clients)."""
+def round_table(rows: list[dict[str, Any]], title: str = "personalized accuracy per round") -> Table:
+    """A rich table of metrics.csv rows: teacher h_pi(i) (when the algorithm has one) and client f_i accuracy,
+    mean ± SEM over clients."""
     table = Table(title=title)
     table.add_column("round", justify="right")
     table.add_column("phase")
-    table.add_column("teacher h_pi(i) top-1", justify="right")
+    has_teacher = any(r.get("teacher_acc_mean") is not None for r in rows)
+    has_top5 = any("client_top5_mean" in r for r in rows)
+    if has_teacher:
+        table.add_column("teacher h_pi(i) top-1", justify="right")
     table.add_column("client f_i top-1", justify="right")
-    has_top5 = any("teacher_top5_mean" in r for r in rows)
     if has_top5:
-        table.add_column("teacher top-5", justify="right")
+        if has_teacher:
+            table.add_column("teacher top-5", justify="right")
         table.add_column("client top-5", justify="right")
     table.add_column("K", justify="right")
     table.add_column("up/down bytes per client", justify="right")
     for r in rows:
-        cells = [
-            str(r["round"]),
-            r["phase"],
-            _fmt(r["teacher_acc_mean"], r["teacher_acc_sem"]),
-            _fmt(r["client_acc_mean"], r["client_acc_sem"]),
-        ]
+        cells = [str(r["round"]), r["phase"]]
+        if has_teacher:
+            cells.append(_fmt(r["teacher_acc_mean"], r["teacher_acc_sem"]))
+        cells.append(_fmt(r["client_acc_mean"], r["client_acc_sem"]))
         if has_top5:
-            cells += [_fmt(r.get("teacher_top5_mean"), r.get("teacher_top5_sem")),
-                      _fmt(r.get("client_top5_mean"), r.get("client_top5_sem"))]
+            if has_teacher:
+                cells.append(_fmt(r.get("teacher_top5_mean"), r.get("teacher_top5_sem")))
+            cells.append(_fmt(r.get("client_top5_mean"), r.get("client_top5_sem")))
         cells += [str(r["num_clusters"] or "-"), f"{r['upload_bytes_per_client']:,} / {r['download_bytes_per_client']:,}"]
         table.add_row(*cells)
     return table
 
 
-def print_table(rows: list[dict[str, Any]], console: Console | None = None) -> None:
-    (console or Console()).print(round_table(rows))
+def print_table(rows: list[dict[str, Any]], console: Console | None = None,
+                title: str = "personalized accuracy per round") -> None:
+    (console or Console()).print(round_table(rows, title))

@@ -28,7 +28,7 @@ def test_rows_stay_on_the_simplex():
 
 
 def test_unknown_rule_and_empty_cluster():
-    with pytest.raises(ValueError, match="server.aggregation"):
+    with pytest.raises(ValueError, match="aggregation="):
         aggregate(torch.ones(1, 2, 2) / 2, "mode")
     with pytest.raises(ValueError):
         aggregate(torch.ones(0, 2, 2), "mean")

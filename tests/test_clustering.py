@@ -71,13 +71,13 @@ def test_neighbours_counted_only_among_unassigned():
 
 
 def test_bad_b0_is_rejected():
-    with pytest.raises(ValueError, match="server.b0"):
+    with pytest.raises(ValueError, match="b0="):
         greedy_clustering(CHAIN, -1.0)
-    with pytest.raises(ValueError, match="server.b0"):
+    with pytest.raises(ValueError, match="b0="):
         greedy_clustering(CHAIN, float("nan"))
     with pytest.raises(ValueError, match="'auto'"):
         resolve_b0("kmeans", CHAIN)
-    with pytest.raises(ValueError, match="server.b0"):
+    with pytest.raises(ValueError, match="b0="):
         resolve_b0(-0.5, CHAIN)
 
 

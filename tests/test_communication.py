@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from cosmos_pl.communication import decode, encode, pseudo_label_bytes
+from cosmos_pl.communication import decode, encode, encode_hard, hard_label_bytes, pseudo_label_bytes, state_dict_bytes
 
 
 @pytest.fixture
@@ -45,6 +45,20 @@ def test_top_k_by_hand():
     assert torch.equal(decode(encode(p, "float32", top_k=5)), p)
 
 
+def test_hard_labels_by_hand():
+    p = torch.tensor([[0.2, 0.7, 0.1], [0.5, 0.2, 0.3]])
+    payload = encode_hard(p)
+    assert payload.values.tolist() == [1, 0] and payload.values.dtype == torch.uint8
+    assert payload.nbytes == 2 == hard_label_bytes(2, 3)
+    assert decode(payload).tolist() == [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]
+    assert encode_hard(torch.rand(3, 300)).values.dtype == torch.int16 and hard_label_bytes(3, 300) == 6
+
+
+def test_state_dict_bytes_counts_only_floating_tensors():
+    state = {"w": torch.zeros(3, 2), "h": torch.zeros(4, dtype=torch.float16), "n": torch.tensor(7)}
+    assert state_dict_bytes(state) == 3 * 2 * 4 + 4 * 2
+
+
 def test_bad_settings():
     p = torch.full((2, 4), 0.25)
     with pytest.raises(ValueError, match="top_k"):
@@ -57,12 +71,12 @@ def test_fit_counts_compressed_upload_bytes(repo_root, tmp_path):
     import csv
     import json
 
-    from cosmos_pl.cli import main, run
+    from cosmos_pl.cli import run
 
     run_dir = tmp_path / "run"
     summary = run(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(run_dir),
                     "--wandb.mode", "disabled", "--communication.upload_dtype", "uint8", "--communication.top_k", "3",
-                    "--cosmos.rounds", "1"])
+                    "--rounds", "1"])
     n = json.loads((run_dir / "partition.json").read_text())["public_set_size"]
     assert summary["communication"]["upload_bytes_per_client_per_round"] == n * 3 * (1 + 1)  # k values + k indices
     assert summary["communication"]["download_bytes_per_client_per_round"] == n * 10 * 4  # dense float32

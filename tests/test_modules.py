@@ -50,7 +50,7 @@ def test_supervised_training_learns_a_separable_problem():
     before = evaluate(model, x, y, 2, CPU)["top1"]
     losses = fit_supervised(model, x, y, epochs=15, batch_size=16, optimizer=default_optimizer(1e-2),
                             transformations=None, trainer=CPU, seed=0)
-    assert losses[-1] < losses[0]
+    assert losses[-1]["loss"] < losses[0]["loss"]
     assert evaluate(model, x, y, 2, CPU)["top1"] == 1.0 and before < 1.0
 
 
@@ -99,6 +99,8 @@ def test_compile_switch_trains_the_same_model_in_place(compile_backbone):
                               transformations=Transformations(translate=1), lam=1.0, num_views=1,
                               trainer=TrainerConfig(accelerator="cpu", channels_last=False, compile=compile_backbone),
                               seed=0)
-    assert len(losses) == 1 and losses[0] > 0
+    assert len(losses) == 1 and losses[0]["loss"] > 0
+    # the total is KL + lambda * r_B (lambda 1 here)
+    assert losses[0]["loss"] == pytest.approx(losses[0]["kl"] + losses[0]["r_b"], rel=1e-5)
     assert not isinstance(model, torch._dynamo.eval_frame.OptimizedModule)  # the caller's model object is kept
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))  # ... and it was trained

@@ -84,7 +84,7 @@ def write_run(root: Path, true_groups=TRUE_GROUPS) -> Path:
         "wall_seconds": 1.0,
     }
     (root / "summary.json").write_text(json.dumps(summary, indent=2))
-    (root / "config.yaml").write_text("seed: 0\nfederated:\n  rounds: 2\ndata:\n  num_clients: 4\n")
+    (root / "config.yaml").write_text("seed: 0\nrounds: 2\ndata:\n  num_clients: 4\n")
     (root / "partition.json").write_text(json.dumps({"dataset": "synthetic", "num_classes": 10}))
     return root
 
@@ -110,7 +110,7 @@ def test_load_run_parses(run_dir):
                                   "teacher_acc": 0.875, "client_acc": 0.875}
     assert run["clusters"]["true_groups"] == TRUE_GROUPS
     assert run["summary"]["final"]["teacher_acc"]["mean"] == pytest.approx(0.875)
-    assert run["config"]["federated"]["rounds"] == 2
+    assert run["config"]["rounds"] == 2 and run["config"]["data"]["num_clients"] == 4
 
 
 def test_load_run_without_clients_csv(run_dir):

@@ -53,6 +53,8 @@ class Federation:
         clients: per-client data.
         partition: the partition; its indices refer to the training samples left after
             U was removed (not to the original split).
+        partition_labels: int64 [N'], the labels of those samples (what the partition's
+            indices point into), for reporting the partition.
         num_classes: number of classes M.
         classes: class names.
         in_chans: image channels C.
@@ -62,6 +64,7 @@ class Federation:
     public_x: torch.Tensor
     clients: list[ClientData]
     partition: Partition
+    partition_labels: np.ndarray
     num_classes: int
     classes: list[str]
     in_chans: int
@@ -187,6 +190,7 @@ def build_federation(
         public_x=data.x_train[torch.from_numpy(public_idx)],
         clients=clients,
         partition=partition,
+        partition_labels=y_rest,
         num_classes=m,
         classes=list(data.classes),
         in_chans=data.in_chans,

@@ -40,13 +40,14 @@ class ExecutorConfig:
     threads_per_worker: Optional[int] = None
 
 
-def resolve_devices(devices: Union[str, int, list[int]]) -> list[Optional[int]]:
-    """GPU ids to pin workers to; ``[None] * N`` for N CPU slots.
+def resolve_devices(devices: Union[str, int, list[int]], accelerator: str = "auto") -> list[Optional[int]]:
+    """GPU ids to pin workers to; ``[None] * N`` for N CPU slots (always CPU slots when
+    ``trainer.accelerator`` is ``"cpu"``, so a CPU run asks for the same slots on any machine).
 
     Raises:
         ValueError: a bad value or GPU ids that do not exist, naming the field and the fix.
     """
-    n_gpu = torch.cuda.device_count()
+    n_gpu = 0 if accelerator == "cpu" else torch.cuda.device_count()
     if devices == "auto":
         return list(range(n_gpu)) if n_gpu else [None]
     if isinstance(devices, int):
@@ -94,11 +95,11 @@ class Executor:
     it is a copy from the worker, which the caller puts in place of its own.
     """
 
-    def __init__(self, cfg: ExecutorConfig) -> None:
+    def __init__(self, cfg: ExecutorConfig, accelerator: str = "auto") -> None:
         if cfg.workers_per_device < 1:
             raise ValueError(f"executor.workers_per_device={cfg.workers_per_device}: must be >= 1")
         self.cfg = cfg
-        self.slots = resolve_devices(cfg.devices) * cfg.workers_per_device
+        self.slots = resolve_devices(cfg.devices, accelerator) * cfg.workers_per_device
         self.parallel = cfg.kind == "parallel" and len(self.slots) > 1
         self.threads = _threads(cfg, len(self.slots) if self.parallel else 1)
         self._pool: Optional[ProcessPoolExecutor] = None

@@ -17,12 +17,10 @@ import numpy as np
 import torch
 from lightning.fabric.utilities.seed import seed_everything
 from torch import nn
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler
 from torchmetrics.classification import MulticlassAccuracy
 
-from cosmos_pl.aggregation import aggregate
-from cosmos_pl.losses import apply_temperature
-from cosmos_pl.modules import DistillationModule, SupervisedModule
+from cosmos_pl.modules import DistillationModule, JointModule, SupervisedModule
 from cosmos_pl.modules.base import OptimizerFactory
 from cosmos_pl.transforms import Transformations, prepare
 
@@ -31,22 +29,38 @@ __all__ = [
     "stage_seed",
     "fit_supervised",
     "fit_distillation",
+    "fit_joint",
     "predict_probs",
     "evaluate",
+    "evaluate_models",
     "resolve_device",
-    "teacher_stage",
-    "evaluate_client",
 ]
 
-# Per-stage Trainers are many and short: keep their start-up chatter out of the console.
-for _name in ("lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero"):
-    logging.getLogger(_name).setLevel(logging.ERROR)
-warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-warnings.filterwarnings("ignore", message=".*LeafSpec.*")
-warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
-warnings.filterwarnings("ignore", message=".*Precision.*is not supported by the model summary.*")
+_LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero")
+_QUIET_WARNINGS = (".*does not have many workers.*", ".*LeafSpec.*", ".*smaller than the logging interval.*",
+                   ".*Precision.*is not supported by the model summary.*")
 
-_STAGES = {"init": 0, "local": 1, "teacher": 2, "distill": 3, "teacher_init": 4}
+# Stage ids for stage_seed; appended only, so existing seeds never change.
+_STAGES = {"init": 0, "local": 1, "teacher": 2, "distill": 3, "teacher_init": 4, "joint": 5, "union": 6,
+           "kmeans": 7}
+
+
+@contextlib.contextmanager
+def _quiet_lightning():
+    """Per-stage Trainers are many and short: hold back their start-up chatter during one stage only,
+    leaving the process's logging and warning settings as they were."""
+    loggers = [logging.getLogger(name) for name in _LIGHTNING_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        for pattern in _QUIET_WARNINGS:
+            warnings.filterwarnings("ignore", message=pattern)
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
 
 
 @dataclass
@@ -116,10 +130,11 @@ def _on_device(trainer: TrainerConfig, *tensors: torch.Tensor) -> tuple[torch.Te
     return tuple(t.to(device) for t in tensors) if device.type == "cuda" else tensors
 
 
-def _fit(module: pl.LightningModule, trainer: TrainerConfig, epochs: int, loader: DataLoader) -> None:
+def _fit(module: pl.LightningModule, trainer: TrainerConfig, epochs: int, loader: Any) -> None:
     if trainer.compile:
         module.backbone = torch.compile(module.backbone)  # shares the parameters of the model trained in place
-    _trainer(trainer, epochs).fit(module, train_dataloaders=loader)
+    with _quiet_lightning():
+        _trainer(trainer, epochs).fit(module, train_dataloaders=loader)
 
 
 def _trainer(cfg: TrainerConfig, epochs: int) -> pl.Trainer:
@@ -150,10 +165,10 @@ def fit_supervised(
     transformations: Transformations | None,
     trainer: TrainerConfig,
     seed: int,
-) -> list[float]:
+) -> list[dict[str, float]]:
     """Train ``model`` in place with cross-entropy on ``x`` uint8 ``[n, C, H, W]``, ``y`` int64 ``[n]``.
 
-    Returns the mean training loss of each epoch.
+    Returns one dict per epoch with the mean training ``loss``.
     """
     if epochs <= 0 or len(x) == 0:
         return []
@@ -161,7 +176,7 @@ def fit_supervised(
     module = SupervisedModule(model, optimizer, transformations, channels_last=trainer.channels_last)
     _fit(module, trainer, epochs, _loader(_on_device(trainer, x, y), batch_size, shuffle=True))
     model.cpu()
-    return module.epoch_losses
+    return module.epoch_parts
 
 
 def fit_distillation(
@@ -179,10 +194,11 @@ def fit_distillation(
     seed: int,
     weights: torch.Tensor | None = None,
     target_grad: bool = False,
-) -> list[float]:
+) -> list[dict[str, float]]:
     """Train ``model`` in place on U: ``x`` uint8 ``[n, C, H, W]``, soft ``targets`` ``[n, M]``, Eq. 1/2.
 
-    ``weights`` ``[n]`` are the per-sample w_i(x) of Eq. 2 (default all ones). Returns per-epoch mean losses.
+    ``weights`` ``[n]`` are the per-sample w_i(x) of Eq. 2 (default all ones). Returns one dict per epoch
+    with the mean ``loss`` and its parts ``kl`` and ``r_b`` (already weighted, before lambda).
     """
     if epochs <= 0 or len(x) == 0:
         return []
@@ -192,7 +208,72 @@ def fit_distillation(
                                 channels_last=trainer.channels_last, target_grad=target_grad)
     _fit(module, trainer, epochs, _loader(_on_device(trainer, x, targets.float(), w), batch_size, shuffle=True))
     model.cpu()
-    return module.epoch_losses
+    return module.epoch_parts
+
+
+class _PairedBatches(Sampler):
+    """Index pairs for one epoch over D_i: each step a batch of D_i (a random permutation) with a batch of U
+    of the same size, U taken in reshuffled passes so every public sample is used before any repeats."""
+
+    def __init__(self, n_local: int, n_public: int, batch_size: int) -> None:
+        self.n_local, self.n_public, self.batch_size = n_local, n_public, batch_size
+        # drop a last local batch of 1: BatchNorm cannot train on a single sample
+        self.steps = n_local // batch_size if n_local > batch_size and n_local % batch_size == 1 else \
+            -(-n_local // batch_size)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self):
+        b = self.batch_size
+        local = torch.randperm(self.n_local).tolist()
+        passes = -(-self.steps * b // self.n_public)
+        public = torch.cat([torch.randperm(self.n_public) for _ in range(passes)]).tolist()
+        for s in range(self.steps):
+            yield local[s * b:(s + 1) * b], public[s * b:(s + 1) * b]
+
+
+class _JointBatches(Dataset):
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, t: torch.Tensor) -> None:
+        self.local, self.public = (x, y), (u, t)
+
+    def __len__(self) -> int:
+        return len(self.local[0])
+
+    def __getitem__(self, pair: tuple[list[int], list[int]]) -> tuple[torch.Tensor, ...]:
+        li, pi = torch.as_tensor(pair[0]), torch.as_tensor(pair[1])
+        return self.local[0][li], self.local[1][li], self.public[0][pi], self.public[1][pi]
+
+
+def fit_joint(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    public: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    optimizer: OptimizerFactory,
+    transformations: Transformations | None,
+    lam: float,
+    trainer: TrainerConfig,
+    seed: int,
+) -> list[dict[str, float]]:
+    """Train ``model`` in place on D_i = (``x`` uint8 ``[n_i, C, H, W]``, ``y`` ``[n_i]``) and U = ``public``
+    ``[n, C, H, W]`` with soft ``targets`` ``[n, M]``: each step ``CE + lam * KL`` (COMET; :class:`JointModule`).
+
+    An epoch is one pass over D_i. Returns one dict per epoch with the mean ``loss``, ``ce`` and ``kl``.
+    """
+    if epochs <= 0 or len(x) == 0:
+        return []
+    seed_everything(seed, verbose=False)
+    module = JointModule(model, optimizer, transformations, lam=lam, channels_last=trainer.channels_last)
+    data = _JointBatches(*_on_device(trainer, x, y, public, targets.float()))
+    loader = DataLoader(data, sampler=_PairedBatches(len(x), len(public), batch_size), batch_size=None, num_workers=0)
+    _fit(module, trainer, epochs, loader)
+    model.cpu()
+    return module.epoch_parts
 
 
 def _autocast(device: torch.device, precision: str):
@@ -238,18 +319,7 @@ def evaluate(
     return {k: float(m.compute()) for k, m in metrics.items()}
 
 
-def teacher_stage(model: nn.Module, cluster_labels: torch.Tensor, aggregation: str, temperature: float,
-                  x: torch.Tensor, **fit: Any) -> torch.Tensor:
-    """A cluster teacher's round (COSMOS Section 4.1 Step 3): aggregate its clients' pseudo-labels
-    ``[G, n, M]`` (mean/median/max), apply the temperature, fit Eq. 1 on U ``x``, and return the teacher's
-    pseudo-labels on U ``[n, M]``. ``fit`` holds the keyword arguments of :func:`fit_distillation`."""
-    target = apply_temperature(aggregate(cluster_labels, aggregation), temperature)
-    fit_distillation(model, x, target, **fit)
-    return predict_probs(model, x, fit["trainer"])
-
-
-def evaluate_client(model: nn.Module, teacher: nn.Module | None, x: torch.Tensor, y: torch.Tensor,
-                    num_classes: int, trainer: TrainerConfig) -> tuple[dict[str, float], dict[str, float]]:
-    """A client's test accuracies: its own model f_i and its cluster teacher h_pi(i) (empty before round 1)."""
-    own = evaluate(model, x, y, num_classes, trainer)
-    return own, (evaluate(teacher, x, y, num_classes, trainer) if teacher is not None else {})
+def evaluate_models(models: dict[str, nn.Module], x: torch.Tensor, y: torch.Tensor, num_classes: int,
+                    trainer: TrainerConfig) -> dict[str, dict[str, float]]:
+    """Test accuracies of several models for one client (its own f_i, its cluster teacher h_pi(i), ...), by name."""
+    return {name: evaluate(model, x, y, num_classes, trainer) for name, model in models.items()}

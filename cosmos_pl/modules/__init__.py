@@ -2,6 +2,7 @@
 
 from cosmos_pl.modules.base import CosmosModule, default_optimizer
 from cosmos_pl.modules.distill import DistillationModule
+from cosmos_pl.modules.joint import JointModule
 from cosmos_pl.modules.supervised import SupervisedModule
 
-__all__ = ["CosmosModule", "DistillationModule", "SupervisedModule", "default_optimizer"]
+__all__ = ["CosmosModule", "DistillationModule", "JointModule", "SupervisedModule", "default_optimizer"]

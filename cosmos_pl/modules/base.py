@@ -45,7 +45,8 @@ class CosmosModule(pl.LightningModule):
         self.optimizer_factory = optimizer
         self.transformations = transformations
         self.epoch_losses: list[float] = []
-        self._loss_sum = torch.zeros(())
+        self.epoch_parts: list[dict[str, float]] = []
+        self._sums: dict[str, torch.Tensor] = {}
         self._batches = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -60,13 +61,18 @@ class CosmosModule(pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return self.optimizer_factory(self.parameters())
 
-    def _track(self, loss: torch.Tensor) -> None:
-        # Accumulate on the device; one host sync per epoch, not per step.
-        self._loss_sum = self._loss_sum.to(loss.device) + loss.detach()
+    def _track(self, loss: torch.Tensor, **parts: torch.Tensor) -> None:
+        """Accumulate the total loss and its named parts (e.g. ``kl``, ``r_b``) on the device: one host
+        sync per epoch, not per step."""
+        for name, value in {"loss": loss, **parts}.items():
+            value = value.detach().float()
+            self._sums[name] = self._sums[name] + value if name in self._sums else value
         self._batches += 1
 
     def on_train_epoch_end(self) -> None:
         if self._batches:
-            self.epoch_losses.append(float(self._loss_sum) / self._batches)
-        self._loss_sum = torch.zeros(())
+            means = {name: float(total) / self._batches for name, total in self._sums.items()}
+            self.epoch_losses.append(means["loss"])
+            self.epoch_parts.append(means)
+        self._sums = {}
         self._batches = 0

@@ -60,6 +60,6 @@ class DistillationModule(CosmosModule):
         logits = self.backbone(torch.cat(inputs))
         clean = logits[:b]
         views = logits[b:].reshape(self.num_views, b, -1) if self.lam > 0 else None
-        loss, _, _ = distillation_loss(clean, targets, views, self.lam, weights, self.target_grad)
-        self._track(loss)
+        loss, kl, reg = distillation_loss(clean, targets, views, self.lam, weights, self.target_grad)
+        self._track(loss, kl=kl, r_b=reg)
         return loss

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import os
@@ -11,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunDirectory", "atomic_write_text"]
+__all__ = ["RunDirectory", "atomic_write_text", "atomic_save"]
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -21,6 +19,23 @@ def atomic_write_text(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    """``torch.save`` to a temporary file in the same folder, fsync, then ``os.replace`` onto ``path``."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -42,12 +57,11 @@ def _jsonable(value: Any) -> Any:
 
 
 class RunDirectory:
-    """Files of one experiment: config.yaml, partition.json, clusters.json, metrics.csv, summary.json."""
+    """Files of one experiment: config.yaml, partition.json, clusters.json, metrics.csv, clients.csv, summary.json."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        self._rows: list[dict[str, Any]] = []
 
     def write_text(self, name: str, text: str) -> Path:
         target = self.path / name
@@ -56,13 +70,3 @@ class RunDirectory:
 
     def write_json(self, name: str, data: Any) -> Path:
         return self.write_text(name, json.dumps(_jsonable(data), indent=2, sort_keys=False) + "\n")
-
-    def append_metrics(self, row: dict[str, Any]) -> Path:
-        """Add one round's row and rewrite metrics.csv whole (atomic; rows are few)."""
-        self._rows.append(row)
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(self._rows[0].keys()), lineterminator="\n")
-        writer.writeheader()
-        for r in self._rows:
-            writer.writerow({k: ("" if v is None else (f"{v:.6f}" if isinstance(v, float) else v)) for k, v in r.items()})
-        return self.write_text("metrics.csv", buf.getvalue())

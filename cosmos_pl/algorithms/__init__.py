@@ -1,0 +1,42 @@
+"""Federated algorithms over one runner loop: COSMOS and its baselines, chosen by class path or short name.
+
+| name | class | scored model |
+| --- | --- | --- |
+| cosmos | :class:`COSMOS` | cluster teacher h_pi(i) |
+| local | :class:`LocalOnly` | client f_i |
+| fedmd | :class:`FedMD` | client f_i |
+| fedct | :class:`FedCT` | client f_i |
+| comet | :class:`COMET` | client f_i |
+| fedavg | :class:`FedAvg` | client f_i (the global model) |
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from cosmos_pl.algorithms.base import Algorithm, FederationContext, ServerResult
+from cosmos_pl.algorithms.comet import COMET
+from cosmos_pl.algorithms.cosmos import COSMOS
+from cosmos_pl.algorithms.fedavg import FedAvg
+from cosmos_pl.algorithms.fedct import FedCT
+from cosmos_pl.algorithms.fedmd import FedMD
+from cosmos_pl.algorithms.local import LocalOnly
+
+__all__ = ["Algorithm", "FederationContext", "ServerResult", "COSMOS", "LocalOnly", "FedMD", "FedCT", "COMET",
+           "FedAvg", "ALGORITHMS", "algorithm_class"]
+
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (COSMOS, LocalOnly, FedMD, FedCT, COMET, FedAvg)}
+
+
+def algorithm_class(name: str) -> type[Algorithm]:
+    """The class of a short algorithm name (case-insensitive).
+
+    Raises:
+        ValueError: an unknown name, suggesting the closest valid one and listing all.
+    """
+    key = name.strip().lower()
+    if key in ALGORITHMS:
+        return ALGORITHMS[key]
+    close = difflib.get_close_matches(key, list(ALGORITHMS), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ValueError(f"unknown algorithm {name!r}: {hint}valid names are {', '.join(ALGORITHMS)}")

@@ -1,0 +1,213 @@
+"""The interface every federated algorithm implements, and the client steps a round is made of.
+
+One runner loop (:class:`cosmos_pl.federated.runner.Runner`) owns round 0, uploads and their encoding,
+the executor, evaluation and the records. An algorithm only says, per round, which client steps run
+(:meth:`Algorithm.plan`), turns the uploads it received into per-client targets (:meth:`Algorithm.server_step`),
+names the models scored for each client (:meth:`Algorithm.eval_models`) and keeps its own state
+(:meth:`Algorithm.state_dict`). This follows Flower's configure/aggregate split and FL-bench's small
+per-method classes (shared/notes/architecture.md).
+
+A round is an ordered list of steps. At most one :class:`Upload` appears; the server step runs right after
+it, and every later step that needs targets reads the ones it returned. A client without a target (it did
+not upload, or it belongs to no cluster yet) skips those steps this round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Optional, Union
+
+import torch
+from torch import nn
+
+__all__ = [
+    "Algorithm", "FederationContext", "ServerResult",
+    "LocalFit", "Upload", "Distill", "JointFit", "UnionFit", "LoadWeights", "Step", "check_setting",
+]
+
+
+# --------------------------------------------------------------------------- client steps
+@dataclass(frozen=True)
+class LocalFit:
+    """Cross-entropy on the client's own labelled data D_i for ``epochs`` epochs (``clients.optimizer``)."""
+
+    epochs: int
+
+
+@dataclass(frozen=True)
+class Upload:
+    """What each client sends to the server.
+
+    ``kind``: ``"soft"`` pseudo-labels on U ``[n, M]`` (encoded per ``communication``), ``"hard"`` class indices
+    on U ``[n]`` (1 byte each for M <= 256, else 2; the server sees them as one-hot rows), or ``"weights"``
+    (the float tensors of the model's state dict, FedAvg only).
+    """
+
+    kind: Literal["soft", "hard", "weights"] = "soft"
+
+
+@dataclass(frozen=True)
+class Distill:
+    """Distillation on U to the client's target ``[n, M]``: KL batchmean + ``lam`` * r_B (COSMOS Eq. 2).
+
+    ``lam = 0`` is plain KL distillation (FedMD's digest). Uses ``clients.distill_optimizer``.
+    """
+
+    epochs: int
+    lam: float = 0.0
+    num_views: int = 1
+    target_grad: bool = False
+
+
+@dataclass(frozen=True)
+class JointFit:
+    """Per step: cross-entropy on a batch of D_i plus ``lam`` * KL(target || f(u)) on a batch of U (COMET).
+
+    An epoch is one pass over D_i; U batches of the same size are drawn in reshuffled passes over U.
+    Uses ``clients.optimizer``.
+    """
+
+    epochs: int
+    lam: float
+
+
+@dataclass(frozen=True)
+class UnionFit:
+    """Cross-entropy on D_i together with U labelled by the argmax of the target (FedCT's co-training).
+
+    Uses ``clients.optimizer``.
+    """
+
+    epochs: int
+
+
+@dataclass(frozen=True)
+class LoadWeights:
+    """Replace the client's weights by the server's (FedAvg); the target is a state dict."""
+
+
+Step = Union[LocalFit, Upload, Distill, JointFit, UnionFit, LoadWeights]
+
+
+# --------------------------------------------------------------------------- what the runner gives
+@dataclass
+class FederationContext:
+    """What an algorithm may know and use; handed to :meth:`Algorithm.setup` by the runner.
+
+    It never holds U's labels, clients' data or true group ids (reference pitfalls 3 and 5).
+
+    Attributes:
+        num_clients: N.
+        num_classes: M.
+        public: U, uint8 ``[n, C, H, W]`` (inputs only).
+        backbones: each client's architecture name, ``[N]``.
+        client_sizes: |D_i| per client, ``[N]`` (FedAvg weights its average by them).
+        seed: the experiment seed.
+        stage_seed: ``(round, stage, id) -> int``, the seed of one stage (see ``federated.stages.stage_seed``).
+        make_backbone: ``(name, seed) -> nn.Module``, a Kaiming-initialized backbone for this data.
+        run_tasks: ``(round, stage, tasks, costs, trains) -> [(model, output)]``: runs independent training
+            or inference tasks on the executor (timed, shown in the progress display).
+        trainer: the ``TrainerConfig`` every stage uses.
+        transformations: T and d (augmentation and the views of r_B).
+        local_epochs: the clients' epochs on D_i per round (``clients.local_epochs``).
+        distill_epochs: the clients' epochs on U per round (``clients.distill_epochs``).
+        log: prints one line to the console.
+    """
+
+    num_clients: int
+    num_classes: int
+    public: torch.Tensor
+    backbones: list[str]
+    client_sizes: list[int]
+    seed: int
+    stage_seed: Callable[[int, str, int], int]
+    make_backbone: Callable[[str, int], nn.Module]
+    run_tasks: Callable[..., list[tuple[Any, Any]]]
+    trainer: Any
+    transformations: Any
+    local_epochs: int = 1
+    distill_epochs: int = 1
+    log: Callable[[str], None] = print
+
+
+@dataclass
+class ServerResult:
+    """What a server step returns.
+
+    Attributes:
+        targets: per client id, what it downloads: pseudo-labels ``[n, M]`` (rows on the simplex; one-hot for
+            hard labels) or a state dict (FedAvg). Clients without an entry skip the target steps.
+        download_bytes: bytes one client downloads this round (exact size of what is sent).
+        losses: per-stage training losses of server models this round, ``{name: value}`` (e.g. teacher KL).
+    """
+
+    targets: dict[int, Any]
+    download_bytes: int
+    losses: dict[str, float] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- the interface
+class Algorithm:
+    """A federated algorithm over heterogeneous clients; subclasses are chosen in the config by class path.
+
+    Subclasses set ``name`` (the short name ``cosmos-pl compare`` uses), ``scored`` (which model's accuracy
+    is the headline personalized accuracy: ``"teacher"`` for COSMOS's h_pi(i), ``"client"`` for f_i) and
+    ``shared_init`` (every client starts from the same initial weights, as parameter averaging needs).
+    """
+
+    name: str = "algorithm"
+    scored: Literal["client", "teacher"] = "client"
+    shared_init: bool = False
+
+    def validate(self, backbones: list[str]) -> None:
+        """Check, before any data is loaded, that clients with these backbone names suit the algorithm.
+
+        Raises:
+            ValueError: they cannot run this algorithm (naming the setting and the fix).
+        """
+
+    def setup(self, ctx: FederationContext) -> None:
+        """Keep ``ctx`` (the runner calls :meth:`validate` first)."""
+        self.ctx = ctx
+
+    def phase(self, rnd: int) -> str:
+        """The label of round ``rnd`` >= 1 in the records."""
+        return "federated"
+
+    def plan(self, rnd: int) -> list[Step]:
+        """The client steps of round ``rnd`` >= 1, in order (epochs from ``ctx.local_epochs`` / ``ctx.distill_epochs``)."""
+        raise NotImplementedError
+
+    def server_step(self, rnd: int, uploads: dict[int, Any]) -> ServerResult:
+        """Turn the uploads received this round (a subset of clients may be missing) into per-client targets.
+
+        Args:
+            rnd: the round (>= 1).
+            uploads: client id -> float ``[n, M]`` decoded pseudo-labels, or a state dict for ``Upload("weights")``.
+        """
+        raise NotImplementedError
+
+    def eval_models(self, client: int) -> dict[str, nn.Module]:
+        """Models scored for ``client`` besides its own f_i, by name (COSMOS: ``{"teacher": h_pi(i)}``)."""
+        return {}
+
+    def cluster_of(self, client: int) -> Optional[int]:
+        """The client's cluster, or None for algorithms without clusters."""
+        return None
+
+    def clustering_info(self) -> Optional[dict[str, Any]]:
+        """What clusters.json records (B0 or K, assignment, clusters, distances), or None."""
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue after the last completed round (tensors and plain values only)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (after :meth:`setup`)."""
+
+
+def check_setting(key: str, value: Any, ok: bool, allowed: str) -> None:
+    """Raise ``ValueError("<key>=<value>: must be <allowed>")`` unless ``ok`` (a setting checked at parse time)."""
+    if not ok:
+        raise ValueError(f"{key}={value!r}: must be {allowed}")

@@ -1,0 +1,225 @@
+"""COSMOS: clustered server teachers trained on pseudo-labels only.
+
+Source: "COSMOS: Model-Agnostic Personalized Federated Learning with Clustered Server Models and
+Pseudo-Label-Only Communication", Sections 4.1 (PTC phase: Algorithm 1, Eq. 1, Eq. 2) and 4.2 (IFFT phase).
+
+Round 1 (PTC): clients upload soft pseudo-labels on U; the server clusters them once with Algorithm 1 (K is an
+outcome of B0), averages each cluster's pseudo-labels, trains one teacher per cluster from scratch (Eq. 1) and
+sends each client its teacher's pseudo-labels, which the client distills (Eq. 2).
+Rounds 2.. (IFFT): local fine-tune on D_i, upload, teacher fine-tune on the new cluster aggregate, client distill.
+
+Scored model: the cluster teacher h_pi(i) (the paper's personalized accuracy, Appendix C); the client model f_i
+is reported beside it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+import numpy as np
+import torch
+from lightning.pytorch.cli import OptimizerCallable
+from torch import nn
+
+from cosmos_pl.aggregation import AGGREGATIONS, aggregate
+from cosmos_pl.algorithms.base import Algorithm, Distill, LocalFit, ServerResult, Step, Upload, check_setting
+from cosmos_pl.clustering import greedy_clustering, pairwise_distances, resolve_b0
+from cosmos_pl.communication import pseudo_label_bytes
+from cosmos_pl.federated.stages import fit_distillation, predict_probs
+from cosmos_pl.losses import apply_temperature
+
+__all__ = ["COSMOS", "teacher_stage"]
+
+_ADAM_1E4 = {"class_path": "torch.optim.Adam", "init_args": {"lr": 1.0e-4}}
+
+
+def teacher_stage(model: nn.Module, cluster_labels: torch.Tensor, aggregation: str, temperature: float,
+                  x: torch.Tensor, **fit: Any) -> tuple[torch.Tensor, list[dict[str, float]]]:
+    """A cluster teacher's round (Section 4.1 Step 3): aggregate its clients' pseudo-labels ``[G, n, M]``
+    (mean/median/max), apply the temperature, fit Eq. 1 on U ``x`` ``[n, C, H, W]``, and return the teacher's
+    pseudo-labels on U ``[n, M]`` with its per-epoch losses. ``fit`` holds :func:`fit_distillation`'s keywords."""
+    target = apply_temperature(aggregate(cluster_labels, aggregation), temperature)
+    losses = fit_distillation(model, x, target, **fit)
+    return predict_probs(model, x, fit["trainer"]), losses
+
+
+class COSMOS(Algorithm):
+    """COSMOS (Sections 4.1-4.2): Algorithm 1 clustering, one teacher per cluster (Eq. 1), client distillation (Eq. 2).
+
+    Args:
+        teacher_backbone: the teachers' architecture (paper: vgg16), one per cluster.
+        b0: the clustering threshold B0 on the L1 distance per public sample (in [0, 2]); 'auto': the B0 whose Algorithm 1 clustering has the best silhouette on the distances; 'otsu': Otsu's threshold on them; 'inf': one cluster.
+        distance: client distance, 'l1' (the paper's) or 'l2'.
+        aggregation: how a cluster's pseudo-labels are combined: mean (paper), median or max.
+        ptc_epochs: teacher epochs over U in the PTC round (round 1), training from scratch.
+        teacher_epochs: teacher fine-tuning epochs over U in every IFFT round.
+        teacher_batch_size: the teachers' batch size.
+        teacher_optimizer: teacher optimizer (paper: Adam lr 1e-4); the PTC round trains the teachers from scratch with it.
+        teacher_finetune_optimizer: teacher optimizer in IFFT rounds; null uses teacher_optimizer.
+        lambda_: lambda, the weight of the consistency regularizer r_B in Eq. 1 and 2 (paper: 5).
+        temperature: T applied to pseudo-labels before distillation; 1 keeps them, 0 makes them one-hot (paper: 1).
+        num_views: |S|, perturbed views per public sample and step in r_B.
+        consistency_target_grad: back-propagate r_B into the clean prediction g(x) as well as the views g(x'); false (default) holds g(x) fixed as r_B's target.
+
+    Raises:
+        ValueError: a setting out of range, naming the key and what is allowed.
+    """
+
+    name = "cosmos"
+    scored = "teacher"
+
+    def __init__(
+        self,
+        teacher_backbone: str = "resnet10t",
+        b0: Union[float, Literal["auto", "otsu", "inf"]] = "auto",
+        distance: Literal["l1", "l2"] = "l1",
+        aggregation: Literal["mean", "median", "max"] = "mean",
+        ptc_epochs: int = 5,
+        teacher_epochs: int = 1,
+        teacher_batch_size: int = 128,
+        teacher_optimizer: OptimizerCallable = _ADAM_1E4,  # type: ignore[assignment]
+        teacher_finetune_optimizer: Optional[OptimizerCallable] = None,
+        lambda_: float = 5.0,
+        temperature: float = 1.0,
+        num_views: int = 1,
+        consistency_target_grad: bool = False,
+    ) -> None:
+        check_setting("algorithm.lambda_", lambda_, lambda_ >= 0, ">= 0 (paper: 5)")
+        check_setting("algorithm.temperature", temperature, temperature >= 0, ">= 0 (0 = hard labels, 1 = unchanged)")
+        check_setting("algorithm.num_views", num_views, num_views >= 1, ">= 1")
+        check_setting("algorithm.ptc_epochs", ptc_epochs, ptc_epochs >= 1, ">= 1 (teachers train from scratch in PTC)")
+        check_setting("algorithm.teacher_epochs", teacher_epochs, teacher_epochs >= 0, ">= 0")
+        check_setting("algorithm.teacher_batch_size", teacher_batch_size, teacher_batch_size >= 1, ">= 1")
+        check_setting("algorithm.aggregation", aggregation, aggregation in AGGREGATIONS, f"one of {AGGREGATIONS}")
+        check_setting("algorithm.distance", distance, distance in ("l1", "l2"), "'l1' (paper) or 'l2'")
+        if b0 not in ("auto", "otsu"):
+            try:  # a bad B0 fails now, not after round 0 has trained
+                resolve_b0(b0, np.zeros((1, 1)))
+            except ValueError as err:
+                raise ValueError(f"algorithm.{err}") from None
+        self.teacher_backbone, self.b0, self.distance, self.aggregation = teacher_backbone, b0, distance, aggregation
+        self.ptc_epochs, self.teacher_epochs, self.teacher_batch_size = ptc_epochs, teacher_epochs, teacher_batch_size
+        self.teacher_optimizer = teacher_optimizer
+        self.teacher_finetune_optimizer = teacher_finetune_optimizer
+        self.lambda_, self.temperature, self.num_views = lambda_, temperature, num_views
+        self.consistency_target_grad = consistency_target_grad
+
+    # ------------------------------------------------------------------ state
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
+        self.clusters: list[list[int]] = []
+        self.assignment: list[Optional[int]] = [None] * ctx.num_clients
+        self.teachers: list[nn.Module] = []
+        self.centroids: list[Optional[torch.Tensor]] = []  # each cluster's latest aggregate [n, M], to place late clients
+        self.b0_value: Optional[float] = None
+        self.distances: Optional[np.ndarray] = None
+
+    def phase(self, rnd: int) -> str:
+        return "PTC" if rnd == 1 else "IFFT"
+
+    def plan(self, rnd: int) -> list[Step]:
+        steps: list[Step] = [] if rnd == 1 else [LocalFit(self.ctx.local_epochs)]
+        return steps + [Upload("soft"), Distill(self.ctx.distill_epochs, self.lambda_, self.num_views,
+                                                self.consistency_target_grad)]
+
+    # ------------------------------------------------------------------ clustering (Algorithm 1)
+    def set_clusters(self, clusters: list[list[int]]) -> None:
+        """Fix the clusters (e.g. for a timing benchmark or an ablation) and create their teachers untrained."""
+        self.clusters = [sorted(c) for c in clusters]
+        self.centroids = [None] * len(self.clusters)
+        for k, members in enumerate(self.clusters):
+            for i in members:
+                self.assignment[i] = k
+        self.teachers = [self.ctx.make_backbone(self.teacher_backbone, self.ctx.stage_seed(0, "teacher_init", k))
+                         for k in range(len(self.clusters))]
+
+    def _cluster(self, ids: list[int], uploads: torch.Tensor) -> None:
+        self.distances = pairwise_distances(uploads, self.distance)
+        self.b0_value = resolve_b0(self.b0, self.distances)
+        found = greedy_clustering(self.distances, self.b0_value)
+        self.set_clusters([[ids[j] for j in members] for members in found])
+        self.ctx.log(f"clustering: B0={self.b0_value:.4f} ({self.b0}) -> K={len(self.clusters)} clusters {self.clusters}")
+
+    def _place_newcomers(self, ids: list[int], uploads: torch.Tensor) -> None:
+        """A client that missed the clustering round joins the cluster whose latest aggregate is nearest (L1)."""
+        known = [k for k, c in enumerate(self.centroids) if c is not None]
+        for j, i in enumerate(ids):
+            if self.assignment[i] is None and known:
+                d = [float((uploads[j] - self.centroids[k]).abs().sum(dim=1).mean()) for k in known]
+                k = known[int(np.argmin(d))]
+                self.clusters[k] = sorted(self.clusters[k] + [i])
+                self.assignment[i] = k
+
+    # ------------------------------------------------------------------ the server step
+    def server_step(self, rnd: int, uploads: dict[int, torch.Tensor]) -> ServerResult:
+        ids = sorted(uploads)
+        stacked = torch.stack([uploads[i] for i in ids])
+        ptc = not self.clusters  # the first round with uploads clusters them and trains teachers from scratch
+        if ptc:
+            self._cluster(ids, stacked)
+        else:
+            self._place_newcomers(ids, stacked)
+        row = {i: j for j, i in enumerate(ids)}
+        optimizer = self.teacher_optimizer if ptc or self.teacher_finetune_optimizer is None \
+            else self.teacher_finetune_optimizer
+        epochs = self.ptc_epochs if ptc else self.teacher_epochs
+        # a cluster with no upload this round keeps its teacher untouched
+        trained = [k for k, members in enumerate(self.clusters) if any(i in row for i in members)]
+        public = self.ctx.public
+        tasks = []
+        for k in trained:
+            labels = stacked[[row[i] for i in self.clusters[k] if i in row]]
+            tasks.append((teacher_stage, dict(
+                model=self.teachers[k], cluster_labels=labels, aggregation=self.aggregation,
+                temperature=self.temperature, x=public, epochs=epochs, batch_size=self.teacher_batch_size,
+                optimizer=optimizer, transformations=self.ctx.transformations, lam=self.lambda_,
+                num_views=self.num_views, trainer=self.ctx.trainer, seed=self.ctx.stage_seed(rnd, "teacher", k),
+                target_grad=self.consistency_target_grad)))
+        costs = [_params(self.teachers[k]) * len(public) * max(epochs, 1) for k in trained]
+        results = self.ctx.run_tasks(rnd, "teacher distillation", tasks, costs, True)
+        targets: dict[int, torch.Tensor] = {}
+        losses: dict[str, list[float]] = {}
+        for k, (model, (labels, epoch_losses)) in zip(trained, results):
+            self.teachers[k] = model
+            self.centroids[k] = aggregate(stacked[[row[i] for i in self.clusters[k] if i in row]], self.aggregation)
+            sent = apply_temperature(labels, self.temperature)
+            for i in self.clusters[k]:
+                targets[i] = sent
+            if epoch_losses:
+                for key, value in epoch_losses[-1].items():
+                    losses.setdefault(f"teacher_{key}", []).append(value)
+        n, m = len(public), self.ctx.num_classes
+        return ServerResult(targets, pseudo_label_bytes(n, m), {k: float(np.mean(v)) for k, v in losses.items()})
+
+    # ------------------------------------------------------------------ evaluation and records
+    def eval_models(self, client: int) -> dict[str, nn.Module]:
+        k = self.assignment[client]
+        return {} if k is None or not self.teachers else {"teacher": self.teachers[k]}
+
+    def cluster_of(self, client: int) -> Optional[int]:
+        return self.assignment[client]
+
+    def clustering_info(self) -> Optional[dict[str, Any]]:
+        if not self.clusters:
+            return None
+        return {"b0": self.b0_value, "b0_setting": self.b0, "distance": self.distance, "K": len(self.clusters),
+                "assignment": [-1 if a is None else a for a in self.assignment], "clusters": self.clusters,
+                "distances": None if self.distances is None else self.distances.round(6).tolist()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"clusters": self.clusters, "assignment": self.assignment, "b0_value": self.b0_value,
+                "distances": None if self.distances is None else torch.from_numpy(self.distances),
+                "centroids": self.centroids, "teachers": [t.state_dict() for t in self.teachers]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.set_clusters(state["clusters"])
+        self.assignment = list(state["assignment"])
+        self.b0_value = state["b0_value"]
+        self.distances = None if state["distances"] is None else state["distances"].numpy()
+        self.centroids = list(state["centroids"])
+        for teacher, weights in zip(self.teachers, state["teachers"]):
+            teacher.load_state_dict(weights)
+
+
+def _params(model: nn.Module) -> float:
+    return float(sum(p.numel() for p in model.parameters()))

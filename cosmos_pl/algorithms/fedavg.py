@@ -1,0 +1,61 @@
+"""FedAvg: sample-weighted averaging of model parameters (homogeneous clients only).
+
+Source: H. B. McMahan, E. Moore, D. Ramage, S. Hampson, B. Agüera y Arcas, "Communication-Efficient Learning of
+Deep Networks from Decentralized Data", AISTATS 2017. Each round clients train locally, send their weights, and
+the server sends back ``sum_i n_i w_i / sum_i n_i`` (n_i = |D_i|) over the clients that sent one.
+
+It is not model-agnostic: every client must have the same backbone. In cosmos-pl it anchors the communication
+comparison (parameters versus pseudo-labels, the paper's Table 4). All clients start from one shared
+initialization, as FedAvg assumes. Floating-point state (parameters and BatchNorm statistics) is averaged; integer
+counters stay local.
+
+Scored model: the client model f_i (after loading the average, the global model).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from cosmos_pl.algorithms.base import Algorithm, LoadWeights, LocalFit, ServerResult, Step, Upload
+from cosmos_pl.communication import state_dict_bytes
+
+__all__ = ["FedAvg", "weighted_average"]
+
+
+def weighted_average(states: dict[int, dict[str, torch.Tensor]], sizes: dict[int, int]) -> dict[str, torch.Tensor]:
+    """``sum_i n_i w_i / sum_i n_i`` per floating-point tensor over the clients in ``states``.
+
+    Raises:
+        ValueError: the total weight is zero.
+    """
+    ids = sorted(states)
+    total = float(sum(sizes[i] for i in ids))
+    if total <= 0:
+        raise ValueError("FedAvg: the clients that sent weights hold no training samples")
+    out = {}
+    for key, first in states[ids[0]].items():
+        if first.is_floating_point():
+            out[key] = sum(states[i][key].double() * (sizes[i] / total) for i in ids).to(first.dtype)
+    return out
+
+
+class FedAvg(Algorithm):
+    """Local training, upload weights, sample-weighted average, every client loads it."""
+
+    name = "fedavg"
+    shared_init = True
+
+    def validate(self, backbones: list[str]) -> None:
+        names = sorted(set(backbones))
+        if len(names) > 1:
+            raise ValueError(f"algorithm FedAvg averages parameters, so every client needs the same backbone, but "
+                             f"clients.backbones gives {names}: give one name (e.g. clients.backbones: [{names[0]}])")
+
+    def plan(self, rnd: int) -> list[Step]:
+        return [LocalFit(self.ctx.local_epochs), Upload("weights"), LoadWeights()]
+
+    def server_step(self, rnd: int, uploads: dict[int, Any]) -> ServerResult:
+        average = weighted_average(uploads, dict(enumerate(self.ctx.client_sizes)))
+        return ServerResult({i: average for i in range(self.ctx.num_clients)}, state_dict_bytes(average))

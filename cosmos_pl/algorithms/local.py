@@ -1,0 +1,25 @@
+"""Local-only training: the floor every federated method must beat.
+
+Each client trains on its own labelled data D_i every round and communicates nothing. Round 0 (E0 local epochs)
+is shared by every algorithm; this method simply keeps going for the same number of rounds.
+
+Scored model: the client model f_i.
+"""
+
+from __future__ import annotations
+
+from cosmos_pl.algorithms.base import Algorithm, LocalFit, Step
+
+__all__ = ["LocalOnly"]
+
+
+class LocalOnly(Algorithm):
+    """Clients train ``clients.local_epochs`` epochs of cross-entropy on D_i per round; no uploads, no server."""
+
+    name = "local"
+
+    def phase(self, rnd: int) -> str:
+        return "local"
+
+    def plan(self, rnd: int) -> list[Step]:
+        return [LocalFit(self.ctx.local_epochs)]

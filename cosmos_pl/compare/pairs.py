@@ -1,0 +1,204 @@
+"""``cosmos-pl compare``: every (algorithm, seed) pair as its own ``cosmos-pl fit`` process, then the report.
+
+Each pair gets ``OUT/runs/<algorithm>-seed<seed>/`` with its fully resolved ``pair.yaml``, the run directory's
+files and ``log.txt``. Pairs with the same seed share the partition (same data settings and seed) and their
+round 0: it is trained once and kept in ``OUT/round0/`` (``fit --round0_cache``), giving the same numbers. A pair whose
+``summary.json`` exists under the same config is finished and skipped on a rerun; one that finished under a
+different config is an error (use a new ``--out``). Pairs run one after another or ``jobs`` side by side, the
+CPU cores split between them (two trainings with all threads each slow each other down many times over).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+from jsonargparse import ArgumentParser, Namespace
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cosmos_pl.algorithms import COSMOS, algorithm_class
+from cosmos_pl.compare.report import PairResult, write_report
+from cosmos_pl.federated.run_directory import atomic_write_text
+
+__all__ = ["run_compare", "CompareResult", "Pair"]
+
+_COMPARE_ONLY = ("algorithms", "seeds", "jobs", "out", "config", "comparison")
+
+
+@dataclass
+class Pair:
+    algorithm: str
+    seed: int
+    run_dir: Path
+    config_yaml: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.algorithm} seed {self.seed}"
+
+
+@dataclass
+class CompareResult:
+    """What ``run_compare`` returns: the pairs and which failed (the CLI exits 1 when any did)."""
+
+    pairs: list[PairResult]
+    out: Path
+
+    @property
+    def failed(self) -> bool:
+        return any(p.error is not None for p in self.pairs)
+
+
+def _split(text: Optional[str], cast: Any, key: str) -> Optional[list]:
+    if text is None:
+        return None
+    try:
+        values = [cast(v.strip()) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--{key}={text!r}: give a comma-separated list, e.g. --{key} "
+                         f"{'0,1,2' if cast is int else 'cosmos,fedmd'}") from None
+    if not values:
+        raise ValueError(f"--{key}={text!r}: the list is empty")
+    return values
+
+
+def _pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser, out: Path,
+                  algorithms: list[str], seeds: list[int], jobs: int) -> list[Pair]:
+    """Resolve every pair's ``fit`` config and validate it with ``fit_parser`` before anything runs."""
+    base = yaml.safe_load(parser.dump(cfg, skip_unset=False))
+    for key in _COMPARE_ONLY:
+        base.pop(key, None)
+    settings = dict(cfg.comparison.settings or {})
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    pairs = []
+    for name in algorithms:
+        cls = algorithm_class(name)
+        if name in settings:
+            init_args = settings[name]
+        elif cls is COSMOS and str(base["algorithm"]["class_path"]).endswith(".COSMOS"):
+            init_args = base["algorithm"].get("init_args", {})
+        else:
+            init_args = {}
+        for seed in seeds:
+            run_dir = out / "runs" / f"{cls.name}-seed{seed}"
+            pair_cfg = {**base, "seed": seed, "run_dir": str(run_dir), "round0_cache": str(out / "round0"),
+                        "algorithm": {"class_path": f"{cls.__module__}.{cls.__name__}", "init_args": init_args},
+                        "executor": {**base["executor"], "threads_per_worker": threads}}
+            text = yaml.safe_dump(pair_cfg, sort_keys=False)
+            # parse and build the algorithm now: a bad setting fails here, before any pair trains
+            checked = fit_parser.parse_string(text)
+            fit_parser.instantiate(checked).algorithm.validate(list(checked.clients.backbones))
+            pairs.append(Pair(cls.name, seed, run_dir, fit_parser.dump(checked, skip_unset=False)))
+    return pairs
+
+
+def _finished(pair: Pair) -> bool:
+    summary, saved = pair.run_dir / "summary.json", pair.run_dir / "pair.yaml"
+    if not summary.is_file():
+        return False
+    if not saved.is_file() or saved.read_text() != pair.config_yaml:
+        raise ValueError(f"{pair.run_dir} holds a finished run of {pair.label} made with a different config; "
+                         f"compare into a new --out folder (or delete that run directory)")
+    return True
+
+
+def _rounds_done(pair: Pair) -> int:
+    try:
+        with open(pair.run_dir / "metrics.csv") as f:
+            return sum(1 for _ in csv.DictReader(f))
+    except OSError:
+        return 0
+
+
+def _launch(pair: Pair) -> Optional[str]:
+    """Run one pair in its own process; returns None on success, else a one-line reason."""
+    if pair.run_dir.exists():
+        shutil.rmtree(pair.run_dir)  # an unfinished earlier attempt: start clean, never mix two runs' files
+    pair.run_dir.mkdir(parents=True)
+    atomic_write_text(pair.run_dir / "pair.yaml", pair.config_yaml)
+    cmd = [sys.executable, "-m", "cosmos_pl.cli", "fit", "--config", str(pair.run_dir / "pair.yaml")]
+    env = {**os.environ, "PYTHONHASHSEED": "0", "COLUMNS": "120"}
+    with open(pair.run_dir / "log.txt", "w") as log:
+        status = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    if status == 0 and (pair.run_dir / "summary.json").is_file():
+        return None
+    tail = (pair.run_dir / "log.txt").read_text(errors="replace").strip().splitlines()[-1:] or [""]
+    return f"exit status {status}: {tail[0][:200]} (log: {pair.run_dir / 'log.txt'})"
+
+
+def _result(pair: Pair, error: Optional[str]) -> PairResult:
+    if error is not None:
+        return PairResult(pair.algorithm, pair.seed, error=error)
+    summary = json.loads((pair.run_dir / "summary.json").read_text())
+    with open(pair.run_dir / "metrics.csv") as f:
+        rounds = [float(r["personalized_acc_mean"]) for r in csv.DictReader(f)]
+    return PairResult(pair.algorithm, pair.seed, rounds, summary["scored_model"], summary["communication"])
+
+
+def run_compare(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser,
+                console: Optional[Console] = None) -> CompareResult:
+    """Run (or resume) every pair of ``cfg`` (parsed by the ``compare`` ``parser``) and write the report into
+    ``cfg.out``; each pair's config is a ``fit`` config checked with ``fit_parser``.
+
+    Raises:
+        ValueError: an unknown algorithm name, a bad list, a bad pair setting, or a finished run made with a
+            different config in ``--out``; all before any pair starts.
+    """
+    console = console or Console()
+    algorithms = _split(cfg.algorithms, str, "algorithms") or list(cfg.comparison.algorithms)
+    seeds = _split(cfg.seeds, int, "seeds") or list(cfg.comparison.seeds)
+    jobs = cfg.jobs if cfg.jobs is not None else cfg.comparison.jobs
+    if jobs < 1:
+        raise ValueError(f"--jobs={jobs}: must be >= 1")
+    out = Path(cfg.out)
+    pairs = _pair_configs(cfg, parser, fit_parser, out, algorithms, seeds, jobs)
+    todo = [p for p in pairs if not _finished(p)]
+    console.print(f"[bold]cosmos-pl compare[/bold]: {len(pairs)} pairs ({', '.join(dict.fromkeys(algorithms))} x "
+                  f"seeds {seeds}); {len(pairs) - len(todo)} already finished in {out}, {len(todo)} to run, "
+                  f"{jobs} at a time")
+    errors: dict[str, Optional[str]] = {}
+    total_rounds = int(yaml.safe_load(pairs[0].config_yaml)["rounds"]) + 1 if pairs else 1
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("round {task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console) as bar:
+        tasks = {p.label: bar.add_task(p.label, total=total_rounds, start=False) for p in todo}
+        stop = threading.Event()
+
+        def watch() -> None:  # show which pair and round is running
+            while not stop.wait(2.0):
+                for p in todo:
+                    bar.update(tasks[p.label], completed=_rounds_done(p))
+
+        def one(p: Pair) -> None:
+            bar.start_task(tasks[p.label])
+            started = time.perf_counter()
+            errors[p.label] = _launch(p)
+            state = "failed" if errors[p.label] else "done"
+            bar.update(tasks[p.label], completed=_rounds_done(p),
+                       description=f"{p.label} ({state}, {time.perf_counter() - started:.0f} s)")
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(one, todo))
+        stop.set()
+    results = [_result(p, errors.get(p.label)) for p in pairs]
+    for r in results:
+        if r.error:
+            console.print(f"[red]{r.algorithm} seed {r.seed} failed[/red]: {r.error}")
+    title = f"{Path(str((cfg.get('config') or ['compare'])[-1])).stem}: {', '.join(dict.fromkeys(algorithms))}"
+    write_report(results, out, title)
+    console.print((out / "comparison.md").read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"report: {out / 'comparison.md'}, {out / 'communication.md'}, {out / 'accuracy_vs_round.png'}")
+    return CompareResult(results, out)

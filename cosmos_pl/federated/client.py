@@ -1,0 +1,49 @@
+"""The clients' settings and the state a client keeps between rounds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lightning.pytorch.cli import OptimizerCallable
+from torch import nn
+
+from cosmos_pl.data import ClientData
+
+__all__ = ["ClientConfig", "Client"]
+
+
+def _adam(lr: float):
+    return field(default_factory=lambda: {"class_path": "torch.optim.Adam", "init_args": {"lr": lr}})
+
+
+@dataclass
+class ClientConfig:
+    """The clients: heterogeneous backbones and their two objectives (shared by every algorithm).
+
+    Args:
+        backbones: timm (or torchvision alexnet/squeezenet1_0/squeezenet1_1) names, assigned to clients round-robin.
+        pretrain_epochs: E0, local epochs of cross-entropy in round 0, before the first upload (every algorithm).
+        local_epochs: epochs on the client's own data per round (COSMOS: IFFT local fine-tune; FedMD: revisit; ...).
+        distill_epochs: epochs over U per round distilling the server's pseudo-labels (COSMOS Eq. 2; FedMD digest).
+        batch_size: batch size of every client objective.
+        optimizer: optimizer on labels (paper: Adam lr 1e-3).
+        distill_optimizer: optimizer on pseudo-labels (paper: Adam lr 1e-4).
+    """
+
+    backbones: list[str] = field(default_factory=lambda: ["mobilenetv3_small_050", "lcnet_050"])
+    pretrain_epochs: int = 5
+    local_epochs: int = 1
+    distill_epochs: int = 1
+    batch_size: int = 64
+    optimizer: OptimizerCallable = _adam(1e-3)
+    distill_optimizer: OptimizerCallable = _adam(1e-4)
+
+
+@dataclass
+class Client:
+    """One client: its id, architecture name, model f_i and private data D_i (kept in memory, pitfall 11)."""
+
+    id: int
+    backbone: str
+    model: nn.Module
+    data: ClientData

@@ -1,0 +1,363 @@
+"""The one round loop every algorithm runs on.
+
+Round 0: every client trains E0 epochs on its labelled data (the local-only baseline, the same for every
+algorithm). Rounds 1..R: the algorithm's plan, step by step (local fit, upload and the server step, distill,
+joint or union fit, load weights). After every round each client is scored on its own test set with its own
+model f_i and with whatever models the algorithm names (COSMOS: its cluster teacher h_pi(i)); the rows are
+written at once.
+
+The runner owns uploads and their encoding (exact byte counts), the executor, evaluation and the records; an
+algorithm (``cosmos_pl.algorithms``) owns only its server step and its state.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from sklearn.metrics import adjusted_rand_score
+from torch import nn
+
+from cosmos_pl.algorithms.base import (
+    Algorithm, Distill, FederationContext, JointFit, LoadWeights, LocalFit, ServerResult, UnionFit, Upload,
+)
+from cosmos_pl.communication import CommunicationConfig, decode, encode, encode_hard, state_dict_bytes
+from cosmos_pl.data import Federation
+from cosmos_pl.federated.client import Client, ClientConfig
+from cosmos_pl.federated.executor import Executor, ExecutorConfig, Task
+from cosmos_pl.federated.recorder import Recorder
+from cosmos_pl.federated.run_directory import atomic_save
+from cosmos_pl.federated.stages import (
+    TrainerConfig, evaluate_models, fit_distillation, fit_joint, fit_supervised, predict_probs, stage_seed,
+)
+from cosmos_pl.models import create_backbone
+from cosmos_pl.report import mean_sem
+from cosmos_pl.transforms import Transformations
+
+__all__ = ["Runner"]
+
+_ACC_KEYS = ("teacher_acc", "client_acc", "teacher_top5", "client_top5")
+
+
+@dataclass
+class _Timer:
+    """Seconds per stage, in total and per round."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    by_round: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def add(self, rnd: int, stage: str, elapsed: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + elapsed
+        per = self.by_round.setdefault(str(rnd), {})
+        per[stage] = per.get(stage, 0.0) + elapsed
+
+
+def _params(model: nn.Module) -> float:
+    return float(sum(p.numel() for p in model.parameters()))
+
+
+class Runner:
+    """Runs one algorithm over one federation: round 0, then ``rounds`` rounds of the algorithm's plan.
+
+    Args:
+        federation: clients' data, the public set U ``[n, C, H, W]`` (inputs only) and the partition.
+        algorithm: the method (``cosmos_pl.algorithms``); :meth:`Algorithm.setup` is called here.
+        clients: the clients' settings (backbones, epochs, optimizers).
+        rounds: R >= 1, communication rounds after round 0.
+        seed: the experiment seed; every stage is seeded from (seed, round, stage, id).
+        transformations: T and d (augmentation on labelled data, views of r_B).
+        trainer: devices/precision of every stage; executor: where independent tasks run.
+        communication: how soft uploads are encoded.
+        recorder: where rows go (default: kept in memory only).
+        console: where progress and per-round lines are printed.
+
+    Raises:
+        ValueError: bad settings, or a federation the algorithm cannot run (naming the field and the fix).
+    """
+
+    def __init__(self, federation: Federation, algorithm: Algorithm, clients: ClientConfig, *, rounds: int,
+                 seed: int = 0, transformations: Optional[Transformations] = None,
+                 trainer: Optional[TrainerConfig] = None, executor: Optional[ExecutorConfig] = None,
+                 communication: Optional[CommunicationConfig] = None, recorder: Optional[Recorder] = None,
+                 console: Optional[Console] = None) -> None:
+        if rounds < 1:
+            raise ValueError(f"rounds={rounds}: at least 1 communication round is needed")
+        if not clients.backbones:
+            raise ValueError("clients.backbones is empty: give at least one timm/torchvision name")
+        self.fed, self.algorithm, self.ccfg, self.rounds, self.seed = federation, algorithm, clients, rounds, seed
+        self.transformations = transformations if transformations is not None else Transformations()
+        self.tcfg = trainer or TrainerConfig()
+        self.comm = communication or CommunicationConfig()
+        self.recorder = recorder or Recorder()
+        self.console = console or Console()
+        self.executor = Executor(executor or ExecutorConfig(), self.tcfg.accelerator)
+        self.timer = _Timer()
+        self.round_seconds: dict[int, float] = {}
+        self.public = federation.public_x
+        self.stage_losses: dict[int, dict[str, float]] = {}
+        backbones = [clients.backbones[i % len(clients.backbones)] for i in range(federation.num_clients)]
+        algorithm.validate(backbones)
+        init_id = (lambda i: 0) if algorithm.shared_init else (lambda i: i)
+        self.clients = [Client(i, name, self.make_backbone(name, stage_seed(seed, 0, "init", init_id(i))), data)
+                        for i, (name, data) in enumerate(zip(backbones, federation.clients))]
+        algorithm.setup(FederationContext(
+            num_clients=federation.num_clients, num_classes=federation.num_classes, public=self.public,
+            backbones=backbones, client_sizes=[len(d.y) for d in federation.clients], seed=seed,
+            stage_seed=lambda rnd, stage, i: stage_seed(seed, rnd, stage, i), make_backbone=self.make_backbone,
+            run_tasks=self.run_tasks, trainer=self.tcfg, transformations=self.transformations,
+            local_epochs=clients.local_epochs, distill_epochs=clients.distill_epochs, log=self.console.print))
+
+    # ----------------------------------------------------------------- services
+    def make_backbone(self, name: str, seed: int) -> nn.Module:
+        """A Kaiming-initialized backbone for this federation's images, created under ``torch.manual_seed(seed)``."""
+        torch.manual_seed(seed)
+        return create_backbone(name, self.fed.num_classes, self.fed.in_chans, max(self.fed.image_shape))
+
+    def run_tasks(self, rnd: int, stage: str, tasks: list[Task], costs: Optional[list[float]] = None,
+                  trains: bool = False) -> list[tuple[Any, Any]]:
+        """Run one stage's independent tasks on the executor; returns ``(model, output)`` in task order."""
+        start = time.perf_counter()
+        results: list[Any] = [None] * len(tasks)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=self.console, transient=True) as bar:
+            task = bar.add_task(f"round {rnd}: {stage}", total=len(tasks))
+            for i, model, out in self.executor.map(tasks, costs, returns_model=trains):
+                results[i] = (model, out)
+                bar.advance(task)
+        self.timer.add(rnd, stage, time.perf_counter() - start)
+        return results
+
+    def _train(self, rnd: int, stage: str, ids: list[int], make: Any) -> None:
+        """Train each listed client in place with the task ``make(client)`` and keep its per-epoch losses."""
+        tasks = [make(self.clients[i]) for i in ids]
+        costs = [_params(self.clients[i].model) * len(self.clients[i].data.y) for i in ids]
+        results = self.run_tasks(rnd, stage, tasks, costs, trains=True)
+        last = []
+        for i, (model, losses) in zip(ids, results):
+            self.clients[i].model = model
+            if losses:
+                last.append(losses[-1])
+        for key in sorted({k for parts in last for k in parts}):
+            values = [parts[key] for parts in last if key in parts]
+            self.stage_losses.setdefault(rnd, {})[f"{stage.replace(' ', '_')}_{key}"] = sum(values) / len(values)
+
+    # ----------------------------------------------------------------- client steps
+    def local_fit(self, rnd: int, epochs: int, ids: list[int]) -> None:
+        """Cross-entropy on each client's own data D_i (round 0: E0 epochs)."""
+        if epochs > 0:
+            self._train(rnd, "local training", ids, lambda c: (fit_supervised, dict(
+                model=c.model, x=c.data.x, y=c.data.y, epochs=epochs, batch_size=self.ccfg.batch_size,
+                optimizer=self.ccfg.optimizer, transformations=self.transformations, trainer=self.tcfg,
+                seed=stage_seed(self.seed, rnd, "local", c.id))))
+
+    def upload(self, rnd: int, kind: str, ids: list[int]) -> tuple[dict[int, Any], int]:
+        """What the listed clients send: ``({id: decoded [n, M] or state dict}, bytes per client)``."""
+        if kind == "weights":
+            states = {i: {k: v.detach().clone() for k, v in self.clients[i].model.state_dict().items()
+                          if v.is_floating_point()} for i in ids}
+            return states, max(state_dict_bytes(s) for s in states.values())
+        tasks = [(predict_probs, dict(model=self.clients[i].model, x=self.public, trainer=self.tcfg)) for i in ids]
+        costs = [_params(self.clients[i].model) * len(self.public) for i in ids]
+        results = self.run_tasks(rnd, "pseudo-labels", tasks, costs)
+        payloads = {i: (encode_hard(probs) if kind == "hard" else encode(probs, self.comm.upload_dtype, self.comm.top_k))
+                    for i, (_, probs) in zip(ids, results)}
+        return {i: decode(p) for i, p in payloads.items()}, max(p.nbytes for p in payloads.values())
+
+    def distill(self, rnd: int, step: Distill, targets: dict[int, torch.Tensor], ids: list[int]) -> None:
+        """KL (+ lambda r_B) to each client's target on U (COSMOS Eq. 2; FedMD's digest)."""
+        self._train(rnd, "client distillation", ids, lambda c: (fit_distillation, dict(
+            model=c.model, x=self.public, targets=targets[c.id], epochs=step.epochs, batch_size=self.ccfg.batch_size,
+            optimizer=self.ccfg.distill_optimizer, transformations=self.transformations, lam=step.lam,
+            num_views=step.num_views, trainer=self.tcfg, seed=stage_seed(self.seed, rnd, "distill", c.id),
+            target_grad=step.target_grad)))
+
+    def joint_fit(self, rnd: int, step: JointFit, targets: dict[int, torch.Tensor], ids: list[int]) -> None:
+        """CE on D_i + lambda * KL to the target on U in every step (COMET)."""
+        self._train(rnd, "joint training", ids, lambda c: (fit_joint, dict(
+            model=c.model, x=c.data.x, y=c.data.y, public=self.public, targets=targets[c.id], epochs=step.epochs,
+            batch_size=self.ccfg.batch_size, optimizer=self.ccfg.optimizer, transformations=self.transformations,
+            lam=step.lam, trainer=self.tcfg, seed=stage_seed(self.seed, rnd, "joint", c.id))))
+
+    def union_fit(self, rnd: int, step: UnionFit, targets: dict[int, torch.Tensor], ids: list[int]) -> None:
+        """CE on D_i together with U labelled by the target's argmax (FedCT)."""
+        self._train(rnd, "co-training", ids, lambda c: (fit_supervised, dict(
+            model=c.model, x=torch.cat([c.data.x, self.public]), y=torch.cat([c.data.y, targets[c.id].argmax(1)]),
+            epochs=step.epochs, batch_size=self.ccfg.batch_size, optimizer=self.ccfg.optimizer,
+            transformations=self.transformations, trainer=self.tcfg, seed=stage_seed(self.seed, rnd, "union", c.id))))
+
+    # ----------------------------------------------------------------- rounds
+    def pretrain(self, cache: Optional[Path] = None, key: str = "") -> None:
+        """Round 0: E0 local epochs for every client.
+
+        With ``cache`` (a folder), the trained round-0 client models are kept there under a hash of ``key`` (the
+        settings that decide round 0) plus the executor's thread count and the algorithm's initialization; a later
+        run with the same hash loads them instead of training: ``cosmos-pl compare`` trains round 0 once per seed
+        for all its algorithms, with identical numbers. A file lock lets runs side by side wait for each other.
+        """
+        ids = [c.id for c in self.clients]
+        if cache is None:
+            self.local_fit(0, self.ccfg.pretrain_epochs, ids)
+            return
+        digest = hashlib.sha256(f"{key}|threads={self.executor.threads}|shared_init={self.algorithm.shared_init}"
+                                .encode()).hexdigest()[:16]
+        cache.mkdir(parents=True, exist_ok=True)
+        path = cache / f"round0-{digest}.pt"
+        with open(cache / f".round0-{digest}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if path.is_file():
+                saved = torch.load(path, weights_only=True)
+                for c, state in zip(self.clients, saved["models"]):
+                    c.model.load_state_dict(state)
+                self.stage_losses[0] = dict(saved["losses"])
+                self.console.print(f"round 0: client models loaded from {path}")
+                return
+            self.local_fit(0, self.ccfg.pretrain_epochs, ids)
+            atomic_save({"models": [c.model.state_dict() for c in self.clients],
+                         "losses": self.stage_losses.get(0, {})}, path)
+
+    def train_round(self, rnd: int) -> dict[str, int]:
+        """Run the algorithm's plan for round ``rnd`` >= 1; returns the bytes moved per client."""
+        ids = [c.id for c in self.clients]
+        result: Optional[ServerResult] = None
+        comm = {"upload_bytes_per_client": 0, "download_bytes_per_client": 0}
+        for step in self.algorithm.plan(rnd):
+            served = [i for i in ids if result is not None and i in result.targets]
+            if isinstance(step, LocalFit):
+                self.local_fit(rnd, step.epochs, ids)
+            elif isinstance(step, Upload):
+                uploads, comm["upload_bytes_per_client"] = self.upload(rnd, step.kind, ids)
+                result = self.algorithm.server_step(rnd, uploads)
+                comm["download_bytes_per_client"] = result.download_bytes
+                self.stage_losses.setdefault(rnd, {}).update(result.losses)
+                self._write_clusters()
+            elif isinstance(step, Distill):
+                self.distill(rnd, step, result.targets, served)
+            elif isinstance(step, JointFit):
+                self.joint_fit(rnd, step, result.targets, served)
+            elif isinstance(step, UnionFit):
+                self.union_fit(rnd, step, result.targets, served)
+            elif isinstance(step, LoadWeights):
+                for i in served:
+                    self.clients[i].model.load_state_dict(result.targets[i], strict=False)
+            else:  # pragma: no cover - a new step kind without runner support
+                raise TypeError(f"unknown client step {step!r}")
+        return comm
+
+    def _write_clusters(self) -> None:
+        info = self.algorithm.clustering_info()
+        if info is None:
+            return
+        groups = self.fed.partition.groups
+        ari = None
+        if groups is not None:
+            ari = float(adjusted_rand_score(groups, info["assignment"]))
+        info = {**info, "true_groups": None if groups is None else [int(g) for g in groups],
+                "adjusted_rand_index": ari}  # for reporting only: no algorithm reads true groups (pitfall 3)
+        self.clusters_info = info
+        self.recorder.write_json("clusters.json", info)
+        if ari is not None:
+            self.console.print(f"clusters: K = {info['K']}, adjusted Rand index vs true groups = {ari:.4f}")
+
+    # ----------------------------------------------------------------- evaluation
+    def evaluate(self, rnd: int, phase: str, comm: Optional[dict[str, int]] = None) -> dict[str, Any]:
+        """Score every client on its own test set; record and return the round's row."""
+        m = self.fed.num_classes
+        tasks = [(evaluate_models, dict(models={"client": c.model, **self.algorithm.eval_models(c.id)},
+                                        x=c.data.x_test, y=c.data.y_test, num_classes=m, trainer=self.tcfg))
+                 for c in self.clients]
+        per_client = []
+        for c, (_, scores) in zip(self.clients, self.run_tasks(rnd, "evaluation", tasks)):
+            teacher, own = scores.get("teacher", {}), scores["client"]
+            cluster = self.algorithm.cluster_of(c.id)
+            row = {"round": rnd, "client": c.id, "backbone": c.backbone, "cluster": -1 if cluster is None else cluster,
+                   "teacher_acc": teacher.get("top1"), "client_acc": own["top1"]}
+            if "top5" in own:
+                row.update(teacher_top5=teacher.get("top5"), client_top5=own["top5"])
+            per_client.append(row)
+        info = self.algorithm.clustering_info() if rnd > 0 else None
+        row: dict[str, Any] = {"round": rnd, "phase": phase, "num_clusters": info["K"] if info else None}
+        for key in _ACC_KEYS:
+            if key in per_client[0]:
+                vals = [r[key] for r in per_client if r[key] is not None]
+                stats = mean_sem(vals) if vals else {"mean": None, "sem": None}
+                row[f"{key}_mean"], row[f"{key}_sem"] = stats["mean"], stats["sem"]
+        row.update(comm or {"upload_bytes_per_client": 0, "download_bytes_per_client": 0})
+        scored = "teacher" if self.algorithm.scored == "teacher" and row["teacher_acc_mean"] is not None else "client"
+        row["personalized_acc_mean"], row["personalized_acc_sem"] = row[f"{scored}_acc_mean"], row[f"{scored}_acc_sem"]
+        row.update(self.stage_losses.get(rnd, {}))
+        self.recorder.add_round(row, per_client)
+        teacher = "-" if row["teacher_acc_mean"] is None else f"{row['teacher_acc_mean']:.4f}"
+        self.console.print(f"round {rnd} ({phase}): teacher h_pi(i) {teacher}  client f_i {row['client_acc_mean']:.4f}")
+        return row
+
+    # ----------------------------------------------------------------- the run
+    def run(self, round0_cache: Optional[Path] = None, round0_key: str = "") -> dict[str, Any]:
+        """Round 0 and rounds 1..R; returns the summary (also written to summary.json). ``round0_cache`` and
+        ``round0_key``: see :meth:`pretrain`."""
+        start = time.perf_counter()
+        self.clusters_info: dict[str, Any] = {}
+        try:
+            self.pretrain(round0_cache, round0_key)
+            self.evaluate(0, "local-only")
+            self.round_seconds[0] = time.perf_counter() - start
+            for rnd in range(1, self.rounds + 1):
+                round_start = time.perf_counter()
+                comm = self.train_round(rnd)
+                self.evaluate(rnd, self.algorithm.phase(rnd), comm)
+                self.round_seconds[rnd] = time.perf_counter() - round_start
+        finally:
+            self.executor.close()
+        summary = self.summary(time.perf_counter() - start)
+        self.recorder.write_summary(summary)
+        return summary
+
+    def summary(self, wall: float) -> dict[str, Any]:
+        """The headline (final round), the best round, round 0, clusters, communication and timings."""
+        rows = self.recorder.rows
+
+        def entry(row: dict[str, Any]) -> dict[str, Any]:
+            out = {"round": row["round"]}
+            for key in ("personalized_acc", *_ACC_KEYS):
+                if f"{key}_mean" in row:
+                    out[key] = {"mean": row[f"{key}_mean"], "sem": row[f"{key}_sem"]}
+            return out
+
+        federated = rows[1:]
+        best = max(federated, key=lambda r: (r["personalized_acc_mean"], -r["round"]))
+        scored = "cluster teacher h_pi(i)" if self.algorithm.scored == "teacher" else "client model f_i"
+        info = self.clusters_info
+        up = [r["upload_bytes_per_client"] for r in federated]
+        down = [r["download_bytes_per_client"] for r in federated]
+        return {
+            "algorithm": self.algorithm.name,
+            "scored_model": scored,
+            "headline": f"final round, mean personalized accuracy of the {scored} over clients",
+            "final": entry(rows[-1]),
+            "best": {**entry(best), "note": "round with the highest mean personalized accuracy; reported beside "
+                                            "final, never used to select anything"},
+            "local_only": {"round": 0, "client_acc": {"mean": rows[0]["client_acc_mean"],
+                                                      "sem": rows[0]["client_acc_sem"]}},
+            "clusters": {"K": info.get("K"), "b0": info.get("b0"), "assignment": info.get("assignment"),
+                         "adjusted_rand_index": info.get("adjusted_rand_index")},
+            "communication": {
+                "upload_bytes_per_client_per_round": max(up), "download_bytes_per_client_per_round": max(down),
+                "upload_bytes_per_client_total": sum(up), "download_bytes_per_client_total": sum(down),
+                "upload_dtype": self.comm.upload_dtype, "top_k": self.comm.top_k, "rounds": self.rounds,
+                "public_samples": len(self.public), "num_classes": self.fed.num_classes,
+                "parameter_bytes_per_client": [int(_params(c.model)) * 4 for c in self.clients],
+            },
+            "num_clients": len(self.clients),
+            "backbones": {"clients": [c.backbone for c in self.clients],
+                          "teacher": getattr(self.algorithm, "teacher_backbone", None)},
+            "wall_seconds": round(wall, 2),
+            "stage_seconds": {k: round(v, 2) for k, v in self.timer.seconds.items()},
+            "round_seconds": {str(k): round(v, 2) for k, v in self.round_seconds.items()},
+            "stage_seconds_by_round": {r: {k: round(v, 2) for k, v in st.items()} for r, st in self.timer.by_round.items()},
+        }
