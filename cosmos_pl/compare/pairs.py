@@ -182,11 +182,13 @@ def run_compare(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPars
 
         def one(p: Pair) -> None:
             bar.start_task(tasks[p.label])
+            console.print(f"started {p.label} -> {p.run_dir}")
             started = time.perf_counter()
             errors[p.label] = _launch(p)
             state = "failed" if errors[p.label] else "done"
-            bar.update(tasks[p.label], completed=_rounds_done(p),
-                       description=f"{p.label} ({state}, {time.perf_counter() - started:.0f} s)")
+            line = f"{p.label} ({state}, {time.perf_counter() - started:.0f} s)"
+            bar.update(tasks[p.label], completed=_rounds_done(p), description=line)
+            console.print(line)
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()

@@ -102,6 +102,7 @@ class Runner:
         self.round_seconds: dict[int, float] = {}
         self.public = federation.public_x
         self.stage_losses: dict[int, dict[str, float]] = {}
+        self.clusters_info: dict[str, Any] = {}
         backbones = [clients.backbones[i % len(clients.backbones)] for i in range(federation.num_clients)]
         algorithm.validate(backbones)
         init_id = (lambda i: 0) if algorithm.shared_init else (lambda i: i)
@@ -260,9 +261,10 @@ class Runner:
             ari = float(adjusted_rand_score(groups, info["assignment"]))
         info = {**info, "true_groups": None if groups is None else [int(g) for g in groups],
                 "adjusted_rand_index": ari}  # for reporting only: no algorithm reads true groups (pitfall 3)
+        changed = info["assignment"] != self.clusters_info.get("assignment")
         self.clusters_info = info
         self.recorder.write_json("clusters.json", info)
-        if ari is not None:
+        if ari is not None and changed:
             self.console.print(f"clusters: K = {info['K']}, adjusted Rand index vs true groups = {ari:.4f}")
 
     # ----------------------------------------------------------------- evaluation
@@ -302,7 +304,6 @@ class Runner:
         """Round 0 and rounds 1..R; returns the summary (also written to summary.json). ``round0_cache`` and
         ``round0_key``: see :meth:`pretrain`."""
         start = time.perf_counter()
-        self.clusters_info: dict[str, Any] = {}
         try:
             self.pretrain(round0_cache, round0_key)
             self.evaluate(0, "local-only")
