@@ -108,7 +108,7 @@ def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
     federation = build_federation(
         data, data_cfg.partitioner, data_cfg.num_clients, public_fraction=data_cfg.public_fraction,
         test_samples_per_client=data_cfg.test_samples_per_client, max_train_samples=data_cfg.max_train_samples,
-        seed=init.seed,
+        validation_fraction=data_cfg.validation_fraction, seed=init.seed,
     )
     run_dir = RunDirectory(run_path)
     run_dir.write_text("config.yaml", config_yaml)
@@ -116,6 +116,7 @@ def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
         "dataset": data.name, "num_classes": federation.num_classes, "classes": federation.classes,
         "public_set_size": len(federation.public_x),
         "test_set_sizes": [len(c.y_test) for c in federation.clients],
+        "validation_set_sizes": [0 if c.y_val is None else len(c.y_val) for c in federation.clients],
         **federation.partition.to_json(federation.partition_labels, federation.num_classes),
     })
     console.print(f"[bold]cosmos-pl[/bold] {algorithm.name} on {data.name}: {len(federation.clients)} clients, "

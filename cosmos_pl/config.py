@@ -36,6 +36,7 @@ class DataConfig:
         public_fraction: fraction of the training split held out as the public unlabelled set U (paper: 0.2).
         test_samples_per_client: size of each client's test set, drawn to match its label distribution.
         max_train_samples: class-stratified subsample of the training split before anything else (None: all).
+        validation_fraction: fraction of each client's data held out (stratified, seeded) as its validation set, scored every round beside the test set; settings are chosen on it, never on test accuracy (0: none).
     """
 
     dataset: ImageDataset = lazy_instance(FashionMNIST)
@@ -44,6 +45,7 @@ class DataConfig:
     public_fraction: float = 0.2
     test_samples_per_client: int = 1000
     max_train_samples: Optional[int] = None
+    validation_fraction: float = 0.0
 
 
 @dataclass

@@ -213,3 +213,38 @@ def test_federation_validation(kwargs, field):
     data = tagged_data([10, 10, 10], [5, 5, 5])
     with pytest.raises(ValueError, match=field):
         build_federation(data, GroupDirichlet(num_groups=3), 3, **kwargs)
+
+
+def test_validation_split_hand_worked():
+    # client 1 holds 4 / 7 / 9 samples of classes 0 / 1 / 2 (n = 20); fraction 0.25 -> 5 validation samples,
+    # shares 5 * (4, 7, 9) / 20 = (1, 1.75, 2.25) -> floors (1, 1, 2) + 1 leftover to class 1 -> (1, 2, 2)
+    data = tagged_data([10, 10, 15], [20, 20, 2])
+    part = FixedCounts([[6, 3, 1], [4, 7, 9], [0, 0, 5]])
+    plain = build_federation(data, part, 3, public_fraction=0.0, test_samples_per_client=10)
+    fed = build_federation(data, part, 3, public_fraction=0.0, test_samples_per_client=10, validation_fraction=0.25,
+                           seed=0)
+    c = fed.clients[1]
+    assert torch.bincount(c.y_val, minlength=3).tolist() == [1, 2, 2]
+    assert torch.bincount(c.y, minlength=3).tolist() == [3, 5, 7]
+    # validation and training samples are disjoint and together are the client's partition
+    val_ids, train_ids = set(c.x_val[:, 0, 0, 0].tolist()), set(c.x[:, 0, 0, 0].tolist())
+    assert not val_ids & train_ids
+    assert val_ids | train_ids == set(plain.clients[1].x[:, 0, 0, 0].tolist())
+    assert torch.equal(data.y_train[c.x_val[:, 0, 0, 0].long()], c.y_val)
+    # the test sets follow the whole partition, so they do not change with the validation split
+    for a, b in zip(plain.clients, fed.clients):
+        assert torch.equal(a.y_test, b.y_test) and torch.equal(a.x_test, b.x_test)
+    assert plain.clients[0].y_val is None
+    with pytest.raises(ValueError, match="data.validation_fraction=1.0"):
+        build_federation(data, part, 3, public_fraction=0.0, validation_fraction=1.0)
+
+
+def test_balanced_subset_draws_per_class():
+    from cosmos_pl.data.datasets import balanced_subset
+
+    labels = np.array([0, 1, 0, 1, 2, 2, 0, 2])
+    keep = balanced_subset(labels, 2, seed=0)
+    assert np.bincount(labels[keep]).tolist() == [2, 2, 2]
+    assert np.array_equal(keep, np.sort(keep)) and np.array_equal(keep, balanced_subset(labels, 2, seed=0))
+    with pytest.raises(ValueError, match="class 1 has only 2"):
+        balanced_subset(labels, 3, seed=0)

@@ -50,13 +50,16 @@ class Upload:
 class Distill:
     """Distillation on U to the client's target ``[n, M]``: KL batchmean + ``lam`` * r_B (COSMOS Eq. 2).
 
-    ``lam = 0`` is plain KL distillation (FedMD's digest). Uses ``clients.distill_optimizer``.
+    ``lam = 0`` is plain KL distillation (FedMD's digest). Uses ``clients.distill_optimizer``. ``augment`` and
+    ``freeze_bn``: see :class:`cosmos_pl.modules.DistillationModule`.
     """
 
     epochs: int
     lam: float = 0.0
     num_views: int = 1
     target_grad: bool = False
+    augment: bool = False
+    freeze_bn: bool = False
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,9 @@ class COSMOS(Algorithm):
         temperature: T applied to pseudo-labels before distillation; 1 keeps them, 0 makes them one-hot (paper: 1).
         num_views: |S|, perturbed views per public sample and step in r_B.
         consistency_target_grad: back-propagate r_B into the clean prediction g(x) as well as the views g(x'); false (default) holds g(x) fixed as r_B's target.
+        teacher_augment: the teachers' KL term sees a random T(x) instead of the clean x (Eq. 1 over the transformation ball).
+        client_lambda_: lambda of the clients' Eq. 2; null uses lambda_ (the paper uses one lambda for both).
+        client_freeze_bn: clients distill with BatchNorm in evaluation mode, keeping the statistics of their own data.
 
     Raises:
         ValueError: a setting out of range, naming the key and what is allowed.
@@ -83,10 +86,15 @@ class COSMOS(Algorithm):
         temperature: float = 1.0,
         num_views: int = 1,
         consistency_target_grad: bool = False,
+        teacher_augment: bool = False,
+        client_lambda_: Optional[float] = None,
+        client_freeze_bn: bool = False,
     ) -> None:
         check_setting("algorithm.lambda_", lambda_, lambda_ >= 0, ">= 0 (paper: 5)")
         check_setting("algorithm.temperature", temperature, temperature >= 0, ">= 0 (0 = hard labels, 1 = unchanged)")
         check_setting("algorithm.num_views", num_views, num_views >= 1, ">= 1")
+        check_setting("algorithm.client_lambda_", client_lambda_, client_lambda_ is None or client_lambda_ >= 0,
+                      ">= 0 or null")
         check_setting("algorithm.ptc_epochs", ptc_epochs, ptc_epochs >= 1, ">= 1 (teachers train from scratch in PTC)")
         check_setting("algorithm.teacher_epochs", teacher_epochs, teacher_epochs >= 0, ">= 0")
         check_setting("algorithm.teacher_batch_size", teacher_batch_size, teacher_batch_size >= 1, ">= 1")
@@ -103,6 +111,8 @@ class COSMOS(Algorithm):
         self.teacher_finetune_optimizer = teacher_finetune_optimizer
         self.lambda_, self.temperature, self.num_views = lambda_, temperature, num_views
         self.consistency_target_grad = consistency_target_grad
+        self.teacher_augment, self.client_freeze_bn = teacher_augment, client_freeze_bn
+        self.client_lambda_ = lambda_ if client_lambda_ is None else client_lambda_
 
     # ------------------------------------------------------------------ state
     def setup(self, ctx) -> None:
@@ -119,8 +129,8 @@ class COSMOS(Algorithm):
 
     def plan(self, rnd: int) -> list[Step]:
         steps: list[Step] = [] if rnd == 1 else [LocalFit(self.ctx.local_epochs)]
-        return steps + [Upload("soft"), Distill(self.ctx.distill_epochs, self.lambda_, self.num_views,
-                                                self.consistency_target_grad)]
+        return steps + [Upload("soft"), Distill(self.ctx.distill_epochs, self.client_lambda_, self.num_views,
+                                                self.consistency_target_grad, freeze_bn=self.client_freeze_bn)]
 
     # ------------------------------------------------------------------ clustering (Algorithm 1)
     def set_clusters(self, clusters: list[list[int]]) -> None:
@@ -174,7 +184,7 @@ class COSMOS(Algorithm):
                 temperature=self.temperature, x=public, epochs=epochs, batch_size=self.teacher_batch_size,
                 optimizer=optimizer, transformations=self.ctx.transformations, lam=self.lambda_,
                 num_views=self.num_views, trainer=self.ctx.trainer, seed=self.ctx.stage_seed(rnd, "teacher", k),
-                target_grad=self.consistency_target_grad)))
+                target_grad=self.consistency_target_grad, augment=self.teacher_augment)))
         costs = [_params(self.teachers[k]) * len(public) * max(epochs, 1) for k in trained]
         results = self.ctx.run_tasks(rnd, "teacher distillation", tasks, costs, True)
         targets: dict[int, torch.Tensor] = {}

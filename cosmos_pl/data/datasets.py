@@ -30,6 +30,8 @@ __all__ = [
     "TinyImageNet",
     "ImageFolderData",
     "NpzData",
+    "CIFAR10Subset",
+    "balanced_subset",
     "DATASETS",
     "get_dataset",
 ]
@@ -465,6 +467,71 @@ class NpzData(ImageDataset):
             return _from_numpy(Path(self.path).stem, z["x_train"], ytr, z["x_test"], yte, classes, channels_last=True)
 
 
+def balanced_subset(labels: np.ndarray, per_class: int, seed: int) -> np.ndarray:
+    """Sorted indices of ``per_class`` random samples of every class of ``labels`` [N], drawn with
+    ``numpy.random.default_rng(seed)`` class by class in class order.
+
+    Raises:
+        ValueError: a class has fewer than ``per_class`` samples.
+    """
+    rng = np.random.default_rng(seed)
+    picked = []
+    for c in range(int(labels.max()) + 1):
+        idx = np.flatnonzero(labels == c)
+        if len(idx) < per_class:
+            raise ValueError(f"per_class={per_class}: class {c} has only {len(idx)} samples")
+        picked.append(rng.choice(idx, per_class, replace=False))
+    return np.sort(np.concatenate(picked))
+
+
+class CIFAR10Subset(ImageDataset):
+    """Real CIFAR-10 that runs on a CPU: a class-balanced training subset and the full 10,000-image test set.
+
+    Offline first: ``path`` is the archive shipped beside this repository
+    (``../shared/data/cifar10_subset.npz``: 1,000 training images per class chosen with
+    ``numpy.random.default_rng(0)`` from JPEG copies of CIFAR-10, see its README). Where that file is absent (a
+    user's own clone), the same recipe is applied to torchvision's CIFAR-10 download: ``per_class`` training images
+    per class drawn with :func:`balanced_subset` (``seed``), and the full test set. Same recipe and sizes, not the
+    same images (the archive's images were JPEG-recompressed and drawn from a differently ordered copy), so numbers
+    differ slightly between the two sources; ``partition.json`` names which one was used.
+    """
+
+    name = "cifar10_subset"
+
+    def __init__(self, path: str = "../shared/data/cifar10_subset.npz", root: str = "data", download: bool = True,
+                 per_class: int = 1000, seed: int = 0) -> None:
+        """Configure the loader.
+
+        Args:
+            path: the offline archive; used when it exists.
+            root: torchvision data folder for the fallback (holds ``cifar-10-batches-py``).
+            download: allow the fallback to download CIFAR-10 into ``root`` (needs network).
+            per_class: training images per class in the fallback.
+            seed: the fallback's draw.
+        """
+        self.path, self.root, self.download, self.per_class, self.seed = path, root, download, per_class, seed
+
+    def load(self) -> ImageData:
+        """Load the archive, else build the subset from torchvision's CIFAR-10; x is uint8 [N, 3, 32, 32].
+
+        Raises:
+            FileNotFoundError: neither the archive nor torchvision's copy is there, and downloading is off or fails.
+        """
+        if Path(self.path).is_file():
+            data = NpzData(self.path).load()
+            data.name = f"{self.name} ({Path(self.path).name})"
+            return data
+        import torchvision
+
+        how = f"put {self.path} in place, or allow download: true (needs network) into {self.root}"
+        tr, te = _torchvision_pair(type(self).__name__, torchvision.datasets.CIFAR10, self.root, self.download, how,
+                                   looked_at=[self.path, self.root])
+        keep = balanced_subset(np.asarray(tr.targets), self.per_class, self.seed)
+        return _from_numpy(f"{self.name} (torchvision, {self.per_class} per class, seed {self.seed})",
+                           tr.data[keep], np.asarray(tr.targets)[keep], te.data, te.targets, tr.classes,
+                           channels_last=True)
+
+
 DATASETS: dict[str, type[ImageDataset]] = {
     "fashion_mnist": FashionMNIST,
     "digits": Digits,
@@ -474,6 +541,7 @@ DATASETS: dict[str, type[ImageDataset]] = {
     "tiny_imagenet": TinyImageNet,
     "image_folder": ImageFolderData,
     "npz": NpzData,
+    "cifar10_subset": CIFAR10Subset,
 }
 
 

@@ -16,11 +16,13 @@ import torch
 from .datasets import ImageData
 from .partition import Partition, Partitioner
 
-__all__ = ["ClientData", "Federation", "build_federation"]
+__all__ = ["ClientData", "Federation", "build_federation", "validation_split"]
 
 # Stream tag for the subsample / public-set draws, so they do not reuse the partitioner's
 # default_rng(seed) stream nor a client's default_rng((seed, client_id)) test-set stream.
 _SPLIT_STREAM = 2**31
+# Stream tag of a client's validation draw: default_rng((seed, client_id, _VALIDATION_STREAM)).
+_VALIDATION_STREAM = 2**31 + 1
 
 
 @dataclass
@@ -33,7 +35,11 @@ class ClientData:
         x_test: uint8 [t_i, C, H, W] test images from the test split, matching this
             client's training label distribution.
         y_test: int64 [t_i] test labels.
-        class_counts: int64 [M] training counts per class.
+        class_counts: int64 [M] counts per class of the client's partition (training
+            and validation samples together).
+        x_val: uint8 [v_i, C, H, W] validation images carved from the client's own
+            partition (empty without a validation split); never trained on.
+        y_val: int64 [v_i] validation labels.
     """
 
     x: torch.Tensor
@@ -41,6 +47,8 @@ class ClientData:
     x_test: torch.Tensor
     y_test: torch.Tensor
     class_counts: np.ndarray
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
 
 
 @dataclass
@@ -95,6 +103,21 @@ def _round_half_up(x: float) -> int:
     return int(np.floor(x + 0.5))
 
 
+def validation_split(labels: np.ndarray, fraction: float, num_classes: int,
+                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified split of one client's samples into (train, validation) positions.
+
+    ``round_half_up(fraction * n)`` samples go to validation, shared over classes in proportion
+    to their counts (largest-remainder rounding, each class capped by its count) and drawn
+    at random within each class. Returns sorted positions into ``labels`` ``[n]``.
+    """
+    counts = np.bincount(labels, minlength=num_classes)
+    quota = np.minimum(_largest_remainder(counts, _round_half_up(fraction * len(labels))), counts)
+    val = [rng.choice(np.flatnonzero(labels == c), quota[c], replace=False) for c in range(num_classes) if quota[c]]
+    val_pos = np.sort(np.concatenate(val)) if val else np.zeros(0, dtype=np.int64)
+    return np.setdiff1d(np.arange(len(labels)), val_pos), val_pos
+
+
 def build_federation(
     data: ImageData,
     partitioner: Partitioner,
@@ -103,6 +126,7 @@ def build_federation(
     public_fraction: float = 0.2,
     test_samples_per_client: int = 1000,
     max_train_samples: int | None = None,
+    validation_fraction: float = 0.0,
     seed: int = 0,
 ) -> Federation:
     """Build the federation: public set U, partitioned clients and per-client test sets.
@@ -118,6 +142,9 @@ def build_federation(
          proportion to its training class counts (largest-remainder rounding), drawn
          without replacement from the test split with ``default_rng((seed, i))``, each
          class capped by its availability (so a capped client may get fewer).
+      5. With ``validation_fraction`` > 0, client i's validation set is carved from its
+         partition by :func:`validation_split` with ``default_rng((seed, i, 2**31 + 1))``;
+         its test set (step 4) still follows the whole partition's label distribution.
 
     Args:
         data: the loaded data set.
@@ -126,6 +153,8 @@ def build_federation(
         public_fraction: fraction of the training split used as U, in [0, 1).
         test_samples_per_client: target test-set size per client, >= 1.
         max_train_samples: optional cap on the training split (quick demos).
+        validation_fraction: fraction of each client's partition held out for
+            validation, in [0, 1).
         seed: one seed for the subsample, U, the partition and the test sets.
 
     Returns:
@@ -142,6 +171,8 @@ def build_federation(
         raise ValueError(f"public_fraction={public_fraction}: must lie in [0, 1)")
     if test_samples_per_client < 1:
         raise ValueError(f"test_samples_per_client={test_samples_per_client}: must be >= 1")
+    if not 0 <= validation_fraction < 1:
+        raise ValueError(f"data.validation_fraction={validation_fraction}: must lie in [0, 1)")
     m = data.num_classes
     if max_train_samples is not None and max_train_samples < m:
         raise ValueError(
@@ -172,7 +203,13 @@ def build_federation(
 
     clients = []
     for i, ix in enumerate(partition.client_indices):
-        train_idx = torch.from_numpy(rest[ix])
+        own = rest[ix]
+        val_idx = None
+        if validation_fraction > 0:
+            train_pos, val_pos = validation_split(y_all[own], validation_fraction, m,
+                                                  np.random.default_rng((seed, i, _VALIDATION_STREAM)))
+            own, val_idx = own[train_pos], torch.from_numpy(own[val_pos])
+        train_idx = torch.from_numpy(own)
         target = min(test_samples_per_client, int(available[counts[i] > 0].sum()))
         quota = np.minimum(_largest_remainder(counts[i], target), available)
         crng = np.random.default_rng((seed, i))
@@ -184,6 +221,8 @@ def build_federation(
             x_test=data.x_test[test_idx],
             y_test=data.y_test[test_idx],
             class_counts=counts[i],
+            x_val=None if val_idx is None else data.x_train[val_idx],
+            y_val=None if val_idx is None else data.y_train[val_idx],
         ))
 
     return Federation(

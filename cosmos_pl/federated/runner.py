@@ -43,7 +43,7 @@ from cosmos_pl.transforms import Transformations
 
 __all__ = ["Runner"]
 
-_ACC_KEYS = ("teacher_acc", "client_acc", "teacher_top5", "client_top5")
+_ACC_KEYS = ("teacher_acc", "client_acc", "teacher_top5", "client_top5", "teacher_val_acc", "client_val_acc")
 
 
 @dataclass
@@ -177,7 +177,7 @@ class Runner:
             model=c.model, x=self.public, targets=targets[c.id], epochs=step.epochs, batch_size=self.ccfg.batch_size,
             optimizer=self.ccfg.distill_optimizer, transformations=self.transformations, lam=step.lam,
             num_views=step.num_views, trainer=self.tcfg, seed=stage_seed(self.seed, rnd, "distill", c.id),
-            target_grad=step.target_grad)))
+            target_grad=step.target_grad, augment=step.augment, freeze_bn=step.freeze_bn)))
 
     def joint_fit(self, rnd: int, step: JointFit, targets: dict[int, torch.Tensor], ids: list[int]) -> None:
         """CE on D_i + lambda * KL to the target on U in every step (COMET)."""
@@ -271,17 +271,25 @@ class Runner:
     def evaluate(self, rnd: int, phase: str, comm: Optional[dict[str, int]] = None) -> dict[str, Any]:
         """Score every client on its own test set; record and return the round's row."""
         m = self.fed.num_classes
-        tasks = [(evaluate_models, dict(models={"client": c.model, **self.algorithm.eval_models(c.id)},
-                                        x=c.data.x_test, y=c.data.y_test, num_classes=m, trainer=self.tcfg))
-                 for c in self.clients]
+        tasks, splits = [], []
+        for c in self.clients:
+            models = {"client": c.model, **self.algorithm.eval_models(c.id)}
+            for split, x, y in (("test", c.data.x_test, c.data.y_test), ("val", c.data.x_val, c.data.y_val)):
+                if y is not None and len(y):
+                    tasks.append((evaluate_models, dict(models=models, x=x, y=y, num_classes=m, trainer=self.tcfg)))
+                    splits.append((c.id, split))
+        scores = {key: out for key, (_, out) in zip(splits, self.run_tasks(rnd, "evaluation", tasks))}
         per_client = []
-        for c, (_, scores) in zip(self.clients, self.run_tasks(rnd, "evaluation", tasks)):
-            teacher, own = scores.get("teacher", {}), scores["client"]
+        for c in self.clients:
+            test, val = scores[(c.id, "test")], scores.get((c.id, "val"))
+            teacher, own = test.get("teacher", {}), test["client"]
             cluster = self.algorithm.cluster_of(c.id)
             row = {"round": rnd, "client": c.id, "backbone": c.backbone, "cluster": -1 if cluster is None else cluster,
                    "teacher_acc": teacher.get("top1"), "client_acc": own["top1"]}
             if "top5" in own:
                 row.update(teacher_top5=teacher.get("top5"), client_top5=own["top5"])
+            if val is not None:  # the validation split: what settings are chosen on (never the test split)
+                row.update(teacher_val_acc=val.get("teacher", {}).get("top1"), client_val_acc=val["client"]["top1"])
             per_client.append(row)
         info = self.algorithm.clustering_info() if rnd > 0 else None
         row: dict[str, Any] = {"round": rnd, "phase": phase, "num_clusters": info["K"] if info else None}
@@ -293,6 +301,9 @@ class Runner:
         row.update(comm or {"upload_bytes_per_client": 0, "download_bytes_per_client": 0})
         scored = "teacher" if self.algorithm.scored == "teacher" and row["teacher_acc_mean"] is not None else "client"
         row["personalized_acc_mean"], row["personalized_acc_sem"] = row[f"{scored}_acc_mean"], row[f"{scored}_acc_sem"]
+        if f"{scored}_val_acc_mean" in row:
+            row["personalized_val_acc_mean"] = row[f"{scored}_val_acc_mean"]
+            row["personalized_val_acc_sem"] = row[f"{scored}_val_acc_sem"]
         row.update(self.stage_losses.get(rnd, {}))
         self.recorder.add_round(row, per_client)
         teacher = "-" if row["teacher_acc_mean"] is None else f"{row['teacher_acc_mean']:.4f}"
@@ -325,7 +336,7 @@ class Runner:
 
         def entry(row: dict[str, Any]) -> dict[str, Any]:
             out = {"round": row["round"]}
-            for key in ("personalized_acc", *_ACC_KEYS):
+            for key in ("personalized_acc", "personalized_val_acc", *_ACC_KEYS):
                 if f"{key}_mean" in row:
                     out[key] = {"mean": row[f"{key}_mean"], "sem": row[f"{key}_sem"]}
             return out

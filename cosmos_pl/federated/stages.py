@@ -194,18 +194,22 @@ def fit_distillation(
     seed: int,
     weights: torch.Tensor | None = None,
     target_grad: bool = False,
+    augment: bool = False,
+    freeze_bn: bool = False,
 ) -> list[dict[str, float]]:
     """Train ``model`` in place on U: ``x`` uint8 ``[n, C, H, W]``, soft ``targets`` ``[n, M]``, Eq. 1/2.
 
-    ``weights`` ``[n]`` are the per-sample w_i(x) of Eq. 2 (default all ones). Returns one dict per epoch
-    with the mean ``loss`` and its parts ``kl`` and ``r_b`` (already weighted, before lambda).
+    ``weights`` ``[n]`` are the per-sample w_i(x) of Eq. 2 (default all ones); ``target_grad``, ``augment`` and
+    ``freeze_bn`` are :class:`DistillationModule`'s switches. Returns one dict per epoch with the mean ``loss``
+    and its parts ``kl`` and ``r_b`` (already weighted, before lambda).
     """
     if epochs <= 0 or len(x) == 0:
         return []
     seed_everything(seed, verbose=False)
     w = torch.ones(len(x)) if weights is None else weights.float()
     module = DistillationModule(model, optimizer, transformations, lam=lam, num_views=num_views,
-                                channels_last=trainer.channels_last, target_grad=target_grad)
+                                channels_last=trainer.channels_last, target_grad=target_grad, augment=augment,
+                                freeze_bn=freeze_bn)
     _fit(module, trainer, epochs, _loader(_on_device(trainer, x, targets.float(), w), batch_size, shuffle=True))
     model.cpu()
     return module.epoch_parts

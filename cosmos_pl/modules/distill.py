@@ -25,6 +25,11 @@ class DistillationModule(CosmosModule):
         num_views: |S|, views sampled from the neighbourhood per sample and step.
         channels_last: run the backbone in channels-last memory format.
         target_grad: let r_B's gradient also flow into the clean prediction g(x) (see ``distillation_loss``).
+        augment: feed the KL term a random T(x) instead of the clean x (the same point anchors r_B); T(x) lies
+            in the transformation ball B(x), so Eq. 1/2 keep their form while the labelled branch sees the
+            augmented inputs supervised training sees.
+        freeze_bn: keep BatchNorm layers in evaluation mode (running statistics neither used from the batch
+            nor updated), so distilling on U does not replace statistics learned on the model's own data.
 
     Raises:
         ValueError: lam < 0, num_views < 1, or lam > 0 without transformations.
@@ -39,6 +44,8 @@ class DistillationModule(CosmosModule):
         num_views: int = 1,
         channels_last: bool = False,
         target_grad: bool = False,
+        augment: bool = False,
+        freeze_bn: bool = False,
     ) -> None:
         if lam < 0:
             raise ValueError(f"lambda_={lam}: the weight of r_B must be >= 0")
@@ -50,11 +57,19 @@ class DistillationModule(CosmosModule):
         self.lam = lam
         self.num_views = num_views
         self.target_grad = target_grad
+        self.augment = augment
+        self.freeze_bn = freeze_bn
+
+    def on_train_epoch_start(self) -> None:
+        if self.freeze_bn:  # Lightning puts the model in train mode before each epoch
+            for m in self.backbone.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    m.eval()
 
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
         x, targets, weights = batch
         b = x.shape[0]
-        inputs = [self.prepare(x)]
+        inputs = [self.prepare(x, transform=self.augment)]
         if self.lam > 0:
             inputs += [self.prepare(x, perturb=True) for _ in range(self.num_views)]
         logits = self.backbone(torch.cat(inputs))
