@@ -27,6 +27,7 @@ from cosmos_pl.clustering import greedy_clustering, pairwise_distances, resolve_
 from cosmos_pl.communication import pseudo_label_bytes
 from cosmos_pl.federated.stages import fit_distillation, predict_probs
 from cosmos_pl.losses import apply_temperature
+from cosmos_pl.models import count_parameters
 
 __all__ = ["COSMOS", "teacher_stage"]
 
@@ -185,7 +186,7 @@ class COSMOS(Algorithm):
                 optimizer=optimizer, transformations=self.ctx.transformations, lam=self.lambda_,
                 num_views=self.num_views, trainer=self.ctx.trainer, seed=self.ctx.stage_seed(rnd, "teacher", k),
                 target_grad=self.consistency_target_grad, augment=self.teacher_augment)))
-        costs = [_params(self.teachers[k]) * len(public) * max(epochs, 1) for k in trained]
+        costs = [count_parameters(self.teachers[k]) * len(public) * max(epochs, 1) for k in trained]
         results = self.ctx.run_tasks(rnd, "teacher distillation", tasks, costs, True)
         targets: dict[int, torch.Tensor] = {}
         losses: dict[str, list[float]] = {}
@@ -229,7 +230,3 @@ class COSMOS(Algorithm):
         self.centroids = list(state["centroids"])
         for teacher, weights in zip(self.teachers, state["teachers"]):
             teacher.load_state_dict(weights)
-
-
-def _params(model: nn.Module) -> float:
-    return float(sum(p.numel() for p in model.parameters()))

@@ -156,6 +156,7 @@ def plot_rounds(pairs: list[PairResult], path: Path, title: str) -> None:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in dict.fromkeys(p.algorithm for p in pairs):
@@ -169,6 +170,7 @@ def plot_rounds(pairs: list[PairResult], path: Path, title: str) -> None:
         x = np.arange(length)
         ax.plot(x, mean, marker="o", label=name)
         ax.fill_between(x, mean - sem, mean + sem, alpha=0.2)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("mean personalized accuracy (top-1)")
     ax.set_title(title)

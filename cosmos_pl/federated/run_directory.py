@@ -7,41 +7,37 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["RunDirectory", "atomic_write_text", "atomic_save"]
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
+def _atomic_write(path: Path, write: Callable[[Any], None], mode: str) -> None:
+    """Call ``write(file)`` on a temporary file in ``path``'s folder, fsync it, then ``os.replace`` it onto
+    ``path``: a reader sees the old file or the whole new one, never half of it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        with os.fdopen(fd, mode, **({"encoding": "utf-8", "newline": ""} if "b" not in mode else {})) as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temporary file, fsync, rename)."""
+    _atomic_write(path, lambda f: f.write(text), "w")
 
 
 def atomic_save(obj: Any, path: Path) -> None:
-    """``torch.save`` to a temporary file in the same folder, fsync, then ``os.replace`` onto ``path``."""
+    """``torch.save(obj)`` to ``path`` atomically (temporary file, fsync, rename)."""
     import torch
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _atomic_write(path, lambda f: torch.save(obj, f), "wb")
 
 
 def _jsonable(value: Any) -> Any:

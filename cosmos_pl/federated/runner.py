@@ -37,7 +37,7 @@ from cosmos_pl.federated.run_directory import atomic_save
 from cosmos_pl.federated.stages import (
     TrainerConfig, evaluate_models, fit_distillation, fit_joint, fit_supervised, predict_probs, stage_seed,
 )
-from cosmos_pl.models import create_backbone
+from cosmos_pl.models import count_parameters, create_backbone
 from cosmos_pl.report import mean_sem
 from cosmos_pl.transforms import Transformations
 
@@ -57,10 +57,6 @@ class _Timer:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + elapsed
         per = self.by_round.setdefault(str(rnd), {})
         per[stage] = per.get(stage, 0.0) + elapsed
-
-
-def _params(model: nn.Module) -> float:
-    return float(sum(p.numel() for p in model.parameters()))
 
 
 class Runner:
@@ -138,7 +134,7 @@ class Runner:
     def _train(self, rnd: int, stage: str, ids: list[int], make: Any) -> None:
         """Train each listed client in place with the task ``make(client)`` and keep its per-epoch losses."""
         tasks = [make(self.clients[i]) for i in ids]
-        costs = [_params(self.clients[i].model) * len(self.clients[i].data.y) for i in ids]
+        costs = [count_parameters(self.clients[i].model) * len(self.clients[i].data.y) for i in ids]
         results = self.run_tasks(rnd, stage, tasks, costs, trains=True)
         last = []
         for i, (model, losses) in zip(ids, results):
@@ -165,7 +161,7 @@ class Runner:
                           if v.is_floating_point()} for i in ids}
             return states, max(state_dict_bytes(s) for s in states.values())
         tasks = [(predict_probs, dict(model=self.clients[i].model, x=self.public, trainer=self.tcfg)) for i in ids]
-        costs = [_params(self.clients[i].model) * len(self.public) for i in ids]
+        costs = [count_parameters(self.clients[i].model) * len(self.public) for i in ids]
         results = self.run_tasks(rnd, "pseudo-labels", tasks, costs)
         payloads = {i: (encode_hard(probs) if kind == "hard" else encode(probs, self.comm.upload_dtype, self.comm.top_k))
                     for i, (_, probs) in zip(ids, results)}
@@ -363,7 +359,7 @@ class Runner:
                 "upload_bytes_per_client_total": sum(up), "download_bytes_per_client_total": sum(down),
                 "upload_dtype": self.comm.upload_dtype, "top_k": self.comm.top_k, "rounds": self.rounds,
                 "public_samples": len(self.public), "num_classes": self.fed.num_classes,
-                "parameter_bytes_per_client": [int(_params(c.model)) * 4 for c in self.clients],
+                "parameter_bytes_per_client": [count_parameters(c.model) * 4 for c in self.clients],
             },
             "num_clients": len(self.clients),
             "backbones": {"clients": [c.backbone for c in self.clients],

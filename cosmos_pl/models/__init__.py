@@ -4,6 +4,7 @@ from cosmos_pl.models.backbones import (
     SMALL_INPUT_MAX_SIZE,
     TORCHVISION_BACKBONES,
     available_backbones,
+    count_parameters,
     create_backbone,
     kaiming_init_,
 )
@@ -12,6 +13,7 @@ __all__ = [
     "SMALL_INPUT_MAX_SIZE",
     "TORCHVISION_BACKBONES",
     "available_backbones",
+    "count_parameters",
     "create_backbone",
     "kaiming_init_",
 ]

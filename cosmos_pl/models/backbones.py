@@ -31,6 +31,7 @@ __all__ = [
     "available_backbones",
     "create_backbone",
     "kaiming_init_",
+    "count_parameters",
 ]
 
 #: Backbones taken from ``torchvision.models`` because timm does not provide them.
@@ -321,3 +322,8 @@ def create_backbone(name: str, num_classes: int, in_chans: int = 3, image_size: 
         raise _unknown_backbone_error(str(name))
 
     return kaiming_init_(model)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of parameters of ``model`` (what its float32 weights cost: 4 bytes each)."""
+    return sum(p.numel() for p in model.parameters())
