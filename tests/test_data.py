@@ -248,3 +248,30 @@ def test_balanced_subset_draws_per_class():
     assert np.array_equal(keep, np.sort(keep)) and np.array_equal(keep, balanced_subset(labels, 2, seed=0))
     with pytest.raises(ValueError, match="class 1 has only 2"):
         balanced_subset(labels, 3, seed=0)
+
+
+def test_cifar10_subset_falls_back_to_torchvision(tmp_path, monkeypatch):
+    """Without the archive, the same recipe (per_class images per class) is drawn from torchvision's CIFAR-10."""
+    import torchvision
+
+    from cosmos_pl.data import CIFAR10Subset
+
+    rng = np.random.default_rng(0)
+
+    class FakeCIFAR10:  # torchvision's attributes: data uint8 [N, 32, 32, 3] (HWC), targets list[int], classes
+        def __init__(self, root, train, download):
+            n = 40 if train else 10
+            self.data = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+            self.targets = [i % 10 for i in range(n)]
+            self.classes = [f"c{k}" for k in range(10)]
+
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", FakeCIFAR10)
+    data = CIFAR10Subset(path=str(tmp_path / "absent.npz"), root=str(tmp_path), per_class=3, seed=0).load()
+    assert tuple(data.x_train.shape) == (30, 3, 32, 32) and data.x_train.dtype == torch.uint8
+    assert np.bincount(data.y_train.numpy()).tolist() == [3] * 10  # balanced: 3 of each class's 4 images
+    assert tuple(data.x_test.shape) == (10, 3, 32, 32)  # the whole test set
+    assert "torchvision, 3 per class, seed 0" in data.name
+
+    monkeypatch.undo()  # the real class: no files under root and no download -> a clear error naming the archive
+    with pytest.raises(FileNotFoundError, match="absent.npz"):
+        CIFAR10Subset(path=str(tmp_path / "absent.npz"), root=str(tmp_path / "none"), download=False).load()

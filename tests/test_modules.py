@@ -104,3 +104,36 @@ def test_compile_switch_trains_the_same_model_in_place(compile_backbone):
     assert losses[0]["loss"] == pytest.approx(losses[0]["kl"] + losses[0]["r_b"], rel=1e-5)
     assert not isinstance(model, torch._dynamo.eval_frame.OptimizedModule)  # the caller's model object is kept
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))  # ... and it was trained
+
+
+def _bn_cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+                         nn.Flatten(), nn.Linear(16, 3))
+
+
+@pytest.mark.parametrize("freeze_bn", [False, True])
+def test_freeze_bn_keeps_running_statistics(freeze_bn):
+    model = _bn_cnn()
+    before = model[1].running_mean.clone()
+    x, targets = toy_images(32)
+    fit_distillation(model, x, targets, epochs=1, batch_size=16, optimizer=default_optimizer(1e-2),
+                     transformations=None, lam=0.0, num_views=1, trainer=CPU, seed=0, freeze_bn=freeze_bn)
+    assert torch.equal(model[1].running_mean, before) == freeze_bn
+    assert model.training and model[1].training  # handed back in train mode either way
+
+
+def _distilled(augment, transformations):
+    model = tiny_cnn()
+    x, targets = toy_images()
+    fit_distillation(model, x, targets, epochs=1, batch_size=16, optimizer=default_optimizer(1e-2),
+                     transformations=transformations, lam=0.0, num_views=1, trainer=CPU, seed=3, augment=augment)
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_augment_switch_feeds_the_kl_term_transformed_inputs():
+    t = Transformations(translate=2, noise_radius=0.0)
+    plain = _distilled(False, None)
+    # with lambda 0 the transformations are unused unless augment is on
+    assert torch.equal(_distilled(False, t), plain)
+    assert not torch.allclose(_distilled(True, t), plain, atol=1e-6)

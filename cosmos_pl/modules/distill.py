@@ -66,6 +66,10 @@ class DistillationModule(CosmosModule):
                 if isinstance(m, nn.modules.batchnorm._BatchNorm):
                     m.eval()
 
+    def on_train_end(self) -> None:
+        if self.freeze_bn:  # hand the model back wholly in train mode, as the other stages do
+            self.backbone.train()
+
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
         x, targets, weights = batch
         b = x.shape[0]
