@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["apply_temperature", "kl_per_sample", "distillation_loss"]
+__all__ = ["apply_temperature", "adjust_to_prior", "kl_per_sample", "distillation_loss"]
 
 
 def apply_temperature(probs: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -31,6 +31,32 @@ def apply_temperature(probs: torch.Tensor, temperature: float) -> torch.Tensor:
         return probs
     logits = torch.log(probs.clamp_min(1e-12)) / temperature
     return torch.softmax(logits, dim=1)
+
+
+def adjust_to_prior(probs: torch.Tensor, class_counts: torch.Tensor) -> torch.Tensor:
+    """Shift pseudo-labels to a client's own label prior (label-shift correction, Saerens et al., 2002).
+
+    ``p'(y|x) ∝ p(y|x) * pi_i(y) / pi_U(y)``, where ``pi_U`` is the mean of ``probs`` over U (the prior the
+    pseudo-labels carry) and ``pi_i`` the client's class frequencies with one added to every count (so that no
+    class is zeroed). The client computes this from its own labels; nothing is sent. Used as COSMOS's
+    ``client_prior_correction`` on the cluster teacher's targets before Eq. 2.
+
+    Args:
+        probs: ``[n, M]`` pseudo-labels on U, rows on the simplex.
+        class_counts: ``[M]`` the client's label counts.
+
+    Returns:
+        ``[n, M]`` rows on the simplex.
+
+    Raises:
+        ValueError: ``class_counts`` does not have M entries.
+    """
+    if class_counts.shape != (probs.shape[1],):
+        raise ValueError(f"class_counts has shape {tuple(class_counts.shape)}; expected ({probs.shape[1]},)")
+    prior = class_counts.to(probs.dtype) + 1
+    prior = prior / prior.sum()
+    adjusted = probs * (prior / probs.mean(dim=0).clamp_min(1e-12))
+    return adjusted / adjusted.sum(dim=1, keepdim=True)
 
 
 def kl_per_sample(log_q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:

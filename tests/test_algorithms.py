@@ -153,9 +153,9 @@ def test_name_table_suggests_a_close_match():
 
 
 def test_cosmos_client_settings_reach_the_distill_step():
-    algo = COSMOS(lambda_=5.0, client_lambda_=0.5, client_freeze_bn=True)
+    algo = COSMOS(lambda_=5.0, client_lambda_=0.5, client_freeze_bn=True, client_prior_correction=True)
     algo.setup(_ctx(2))
-    assert algo.plan(1) == [Upload("soft"), Distill(3, 0.5, 1, False, freeze_bn=True)]
+    assert algo.plan(1) == [Upload("soft"), Distill(3, 0.5, 1, False, freeze_bn=True, prior_correction=True)]
     plain = COSMOS(lambda_=5.0)
     plain.setup(_ctx(2))
     assert plain.plan(1) == [Upload("soft"), Distill(3, 5.0, 1, False, freeze_bn=False)]

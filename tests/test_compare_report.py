@@ -40,6 +40,12 @@ def test_sem_of_per_seed_means_and_daggers():
     assert fedmd.dagger and not local.dagger  # [0.7085, 0.7315] vs [0.8085, 0.8315]: apart; local overlaps
     assert not cosmos.dagger  # local overlaps COSMOS
     assert rows["comet"].failed == ["seed 0: exit status 1: boom"] and not rows["comet"].seeds
+    # paired by seed: local's differences are 0.80-0.81, 0.82-0.83, 0.84-0.82 = -0.01, -0.01, 0.02
+    assert local.paired["mean"] == pytest.approx(0.0)
+    assert local.paired["sem"] == pytest.approx(math.sqrt(((0.01 ** 2) * 2 + 0.02 ** 2) / 2) / math.sqrt(3))
+    # fedmd: 0.10 every seed -> SEM 0; COSMOS itself and failed-only rows have none
+    assert fedmd.paired["mean"] == pytest.approx(0.10) and fedmd.paired["sem"] == pytest.approx(0.0, abs=1e-12)
+    assert cosmos.paired is None and rows["comet"].paired is None
 
 
 def test_markdown_csv_and_communication(tmp_path):
@@ -47,13 +53,15 @@ def test_markdown_csv_and_communication(tmp_path):
     rows = write_report(pairs, tmp_path, "made-up")
     md = (tmp_path / "comparison.md").read_text()
     assert "| fedmd † | client model f_i | 0,1,2 | 0.7200 ± 0.0115 |" in md
-    assert "| cosmos | cluster teacher h_pi(i) | 0,1,2 | 0.8200 ± 0.0115 | 0.8533 ± 0.0240 | 0.6000 ± 0.0000 |" in md
+    assert "| cosmos | cluster teacher h_pi(i) | 0,1,2 | 0.8200 ± 0.0115 | 0.8533 ± 0.0240 | 0.6000 ± 0.0000 | - |" in md
+    assert "| 0.6000 ± 0.0000 | 0.1000 ± 0.0000 |" in md  # the fedmd row's paired difference
     assert "comet, seed 0: exit status 1: boom" in md
     assert md == comparison_markdown(rows, "made-up")
     with open(tmp_path / "comparison.csv") as f:
         table = {r["algorithm"]: r for r in csv.DictReader(f)}
     assert table["fedmd"]["dagger"] == "1" and table["local"]["dagger"] == "0"
     assert float(table["cosmos"]["final_mean"]) == pytest.approx(0.82, abs=1e-6)
+    assert float(table["fedmd"]["paired_diff_mean"]) == pytest.approx(0.10, abs=1e-6)
     assert table["comet"]["failed_pairs"] == "1" and table["comet"]["final_mean"] == ""
     comm = (tmp_path / "communication.md").read_text()
     # total 200 + 100 = 300; FedAvg: 2 rounds x 2 ways x mean(1000, 3000) = 8000

@@ -135,3 +135,45 @@ def test_settings_checked_after_parsing_fail_fast_with_a_clean_message(repo_root
     # a top_k larger than M fails before any training too
     assert main(["fit", "--config", cfg, "--run_dir", str(tmp_path / "k"), "--communication.top_k", "11"]) == 2
     assert "top_k=11" in capsys.readouterr().err
+
+
+def test_stage_losses_are_recorded_every_round(smoke_runs):
+    run_dir, _ = smoke_runs[0]
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    lam = config["algorithm"]["init_args"]["lambda_"]
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert float(rows[0]["local_training_loss"]) > 0 and rows[0]["teacher_kl"] == ""
+    for r in rows[1:]:  # PTC and IFFT: teachers (Eq. 1) and clients (Eq. 2) each log KL and r_B
+        parts = {k: float(r[k]) for k in ("teacher_loss", "teacher_kl", "teacher_r_b", "client_distillation_loss",
+                                          "client_distillation_kl", "client_distillation_r_b")}
+        assert all(v >= 0 for v in parts.values())
+        # the loss is KL + lambda * r_B, also after averaging over epochs' batches and over models (it is linear)
+        assert parts["teacher_loss"] == pytest.approx(parts["teacher_kl"] + lam * parts["teacher_r_b"], rel=1e-4)
+        assert parts["client_distillation_loss"] == pytest.approx(
+            parts["client_distillation_kl"] + lam * parts["client_distillation_r_b"], rel=1e-4)
+    assert all(float(r["local_training_loss"]) > 0 for r in rows[2:])  # IFFT's local fine-tune
+
+
+def test_validation_split_is_scored_every_round(repo_root, tmp_path):
+    run_dir = tmp_path / "val"
+    assert main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(run_dir),
+                 "--wandb.mode", "disabled", "--rounds", "1", "--data.validation_fraction", "0.2",
+                 # the runner path of the clients' label-prior correction runs too
+                 "--algorithm.init_args.client_prior_correction", "true"]) == 0
+    sizes = json.loads((run_dir / "partition.json").read_text())["validation_set_sizes"]
+    assert all(n > 0 for n in sizes)
+    with open(run_dir / "clients.csv") as f:
+        per_client = list(csv.DictReader(f))
+    for r in per_client:  # an accuracy over n validation images is k / n
+        n = sizes[int(r["client"])]
+        for key in ("client_val_acc", "teacher_val_acc"):
+            if r[key]:
+                k = float(r[key]) * n
+                assert k == pytest.approx(round(k), abs=1e-3)
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows[1]["teacher_val_acc_mean"] != "" and rows[0]["teacher_val_acc_mean"] == ""
+    vals = [float(r["teacher_val_acc"]) for r in per_client if r["round"] == "1"]
+    assert sum(vals) / len(vals) == pytest.approx(float(rows[1]["teacher_val_acc_mean"]), abs=1e-5)
+    assert rows[1]["personalized_val_acc_mean"] == rows[1]["teacher_val_acc_mean"]

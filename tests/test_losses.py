@@ -75,3 +75,19 @@ def test_temperature():
     assert apply_temperature(p, 2.0)[0].tolist() == pytest.approx([0.666667, 0.333333], abs=1e-5)
     with pytest.raises(ValueError, match="temperature"):
         apply_temperature(p, -1.0)
+
+
+def test_adjust_to_prior_hand_worked():
+    from cosmos_pl.losses import adjust_to_prior
+
+    probs = torch.tensor([[0.5, 0.5], [0.9, 0.1]])
+    # pi_U = mean over rows = (0.7, 0.3); counts (2, 0) -> +1 -> (3, 1)/4 = (0.75, 0.25)
+    # row 1: 0.5 * 0.75/0.7 = 0.535714, 0.5 * 0.25/0.3 = 0.416667 -> / 0.952381 -> (0.5625, 0.4375)
+    # row 2: 0.9 * 0.75/0.7 = 0.964286, 0.1 * 0.25/0.3 = 0.083333 -> / 1.047619 -> (0.920455, 0.079545)
+    out = adjust_to_prior(probs, torch.tensor([2, 0]))
+    assert torch.allclose(out, torch.tensor([[0.5625, 0.4375], [0.920455, 0.079545]]), atol=1e-5)
+    # a client whose prior equals the pseudo-labels' own prior leaves them unchanged
+    same = adjust_to_prior(torch.tensor([[0.6, 0.4], [0.2, 0.8]]), torch.tensor([3, 5]))  # (4, 6)/10 = (0.4, 0.6)
+    assert torch.allclose(same, torch.tensor([[0.6, 0.4], [0.2, 0.8]]), atol=1e-6)
+    with pytest.raises(ValueError, match="expected \\(2,\\)"):
+        adjust_to_prior(probs, torch.tensor([1, 2, 3]))

@@ -51,7 +51,8 @@ class Distill:
     """Distillation on U to the client's target ``[n, M]``: KL batchmean + ``lam`` * r_B (COSMOS Eq. 2).
 
     ``lam = 0`` is plain KL distillation (FedMD's digest). Uses ``clients.distill_optimizer``. ``augment`` and
-    ``freeze_bn``: see :class:`cosmos_pl.modules.DistillationModule`.
+    ``freeze_bn``: see :class:`cosmos_pl.modules.DistillationModule`. ``prior_correction``: each client first
+    shifts its target to its own label prior (:func:`cosmos_pl.losses.adjust_to_prior`).
     """
 
     epochs: int
@@ -60,6 +61,7 @@ class Distill:
     target_grad: bool = False
     augment: bool = False
     freeze_bn: bool = False
+    prior_correction: bool = False
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ class COSMOS(Algorithm):
         teacher_augment: the teachers' KL term sees a random T(x) instead of the clean x (Eq. 1 over the transformation ball).
         client_lambda_: lambda of the clients' Eq. 2; null uses lambda_ (the paper uses one lambda for both).
         client_freeze_bn: clients distill with BatchNorm in evaluation mode, keeping the statistics of their own data.
+        client_prior_correction: each client shifts the teacher's pseudo-labels to its own label prior before Eq. 2 (label-shift correction; off in the paper).
 
     Raises:
         ValueError: a setting out of range, naming the key and what is allowed.
@@ -90,6 +91,7 @@ class COSMOS(Algorithm):
         teacher_augment: bool = False,
         client_lambda_: Optional[float] = None,
         client_freeze_bn: bool = False,
+        client_prior_correction: bool = False,
     ) -> None:
         check_setting("algorithm.lambda_", lambda_, lambda_ >= 0, ">= 0 (paper: 5)")
         check_setting("algorithm.temperature", temperature, temperature >= 0, ">= 0 (0 = hard labels, 1 = unchanged)")
@@ -113,6 +115,7 @@ class COSMOS(Algorithm):
         self.lambda_, self.temperature, self.num_views = lambda_, temperature, num_views
         self.consistency_target_grad = consistency_target_grad
         self.teacher_augment, self.client_freeze_bn = teacher_augment, client_freeze_bn
+        self.client_prior_correction = client_prior_correction
         self.client_lambda_ = lambda_ if client_lambda_ is None else client_lambda_
 
     # ------------------------------------------------------------------ state
@@ -131,7 +134,8 @@ class COSMOS(Algorithm):
     def plan(self, rnd: int) -> list[Step]:
         steps: list[Step] = [] if rnd == 1 else [LocalFit(self.ctx.local_epochs)]
         return steps + [Upload("soft"), Distill(self.ctx.distill_epochs, self.client_lambda_, self.num_views,
-                                                self.consistency_target_grad, freeze_bn=self.client_freeze_bn)]
+                                                self.consistency_target_grad, freeze_bn=self.client_freeze_bn,
+                                                prior_correction=self.client_prior_correction)]
 
     # ------------------------------------------------------------------ clustering (Algorithm 1)
     def set_clusters(self, clusters: list[list[int]]) -> None:

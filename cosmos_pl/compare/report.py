@@ -2,7 +2,10 @@
 
 Conventions (COSMOS paper, Table 2): a number is the final-round (or best-round) mean personalized accuracy over
 clients, averaged over seeds; its ± is the SEM of the per-seed means. A † marks a baseline whose SEM interval
-[mean - SEM, mean + SEM] does not overlap COSMOS's; on the COSMOS row it means no baseline overlaps.
+[mean - SEM, mean + SEM] does not overlap COSMOS's; on the COSMOS row it means no baseline overlaps. Because every
+algorithm of a seed shares that seed's partition and round-0 models, the report also gives the paired difference
+(COSMOS minus the baseline, final round, per seed), mean ± SEM over the seeds both finished: the seed-to-seed spread
+of the partition itself cancels in it.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class AlgorithmRow:
     local_only: dict[str, float]
     failed: list[str]
     dagger: bool = False
+    paired: Optional[dict[str, float]] = None  # reference minus this row, final round, paired by seed
 
 
 def overlaps(a: dict[str, float], b: dict[str, float]) -> bool:
@@ -83,8 +87,12 @@ def summarize(pairs: list[PairResult], reference: str = "cosmos") -> list[Algori
     ref = next((r for r in rows if r.algorithm == reference and r.seeds), None)
     if ref is not None:
         others = [r for r in rows if r is not ref and r.seeds]
+        final_of = {(p.algorithm, p.seed): p.rounds[-1] for p in pairs if p.error is None and len(p.rounds) > 1}
         for r in others:
             r.dagger = not overlaps(ref.final, r.final)
+            common = [s for s in r.seeds if s in ref.seeds]
+            if common:
+                r.paired = mean_sem([final_of[(reference, s)] - final_of[(r.algorithm, s)] for s in common])
         ref.dagger = bool(others) and all(r.dagger for r in others)
     return rows
 
@@ -97,13 +105,16 @@ def comparison_markdown(rows: list[AlgorithmRow], title: str) -> str:
     lines = [f"# {title}", "",
              "Final-round and best-round mean personalized accuracy over clients; mean ± SEM of the per-seed means. "
              "† (baseline rows): the SEM interval does not overlap COSMOS's; † on COSMOS: it overlaps no baseline. "
-             "Best round is reported beside final and never used to select anything.", "",
-             "| algorithm | scored model | seeds | final round | best round | local-only (round 0) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "Best round is reported beside final and never used to select anything. "
+             "COSMOS - this: the final-round difference paired by seed (same partition and round 0), "
+             "mean ± SEM over seeds.", "",
+             "| algorithm | scored model | seeds | final round | best round | local-only (round 0) | COSMOS - this |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         name = r.algorithm + (" †" if r.dagger else "")
         seeds = ",".join(map(str, r.seeds)) or "-"
-        lines.append(f"| {name} | {r.scored_model or '-'} | {seeds} | {_pm(r.final)} | {_pm(r.best)} | {_pm(r.local_only)} |")
+        lines.append(f"| {name} | {r.scored_model or '-'} | {seeds} | {_pm(r.final)} | {_pm(r.best)} | {_pm(r.local_only)} | "
+                     f"{_pm(r.paired) if r.paired else '-'} |")
     failures = [(r.algorithm, f) for r in rows for f in r.failed]
     if failures:
         lines += ["", "Failed pairs (not averaged):", ""]
@@ -115,13 +126,14 @@ def _csv(rows: list[AlgorithmRow]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["algorithm", "scored_model", "seeds", "final_mean", "final_sem", "best_mean", "best_sem",
-                "local_only_mean", "local_only_sem", "dagger", "failed_pairs"])
+                "local_only_mean", "local_only_sem", "dagger", "failed_pairs", "paired_diff_mean", "paired_diff_sem"])
     for r in rows:
         w.writerow([r.algorithm, r.scored_model, " ".join(map(str, r.seeds)),
                     *(f"{v:.6f}" if not math.isnan(v) else "" for v in
                       (r.final["mean"], r.final["sem"], r.best["mean"], r.best["sem"], r.local_only["mean"],
                        r.local_only["sem"])),
-                    int(r.dagger), len(r.failed)])
+                    int(r.dagger), len(r.failed),
+                    *((f"{r.paired['mean']:.6f}", f"{r.paired['sem']:.6f}") if r.paired else ("", ""))])
     return buf.getvalue()
 
 

@@ -34,6 +34,7 @@ from cosmos_pl.federated.client import Client, ClientConfig
 from cosmos_pl.federated.executor import Executor, ExecutorConfig, Task
 from cosmos_pl.federated.recorder import Recorder
 from cosmos_pl.federated.run_directory import atomic_save
+from cosmos_pl.losses import adjust_to_prior
 from cosmos_pl.federated.stages import (
     TrainerConfig, evaluate_models, fit_distillation, fit_joint, fit_supervised, predict_probs, stage_seed,
 )
@@ -169,6 +170,10 @@ class Runner:
 
     def distill(self, rnd: int, step: Distill, targets: dict[int, torch.Tensor], ids: list[int]) -> None:
         """KL (+ lambda r_B) to each client's target on U (COSMOS Eq. 2; FedMD's digest)."""
+        if step.prior_correction:  # each client uses its own label counts; nothing extra is sent
+            m = self.fed.num_classes
+            targets = {i: adjust_to_prior(targets[i], torch.bincount(self.clients[i].data.y, minlength=m))
+                       for i in ids}
         self._train(rnd, "client distillation", ids, lambda c: (fit_distillation, dict(
             model=c.model, x=self.public, targets=targets[c.id], epochs=step.epochs, batch_size=self.ccfg.batch_size,
             optimizer=self.ccfg.distill_optimizer, transformations=self.transformations, lam=step.lam,
