@@ -114,7 +114,7 @@ def test_missing_datasets_raise_file_not_found(tmp_path, monkeypatch):
 
 def test_get_dataset():
     assert set(DATASETS) == {"fashion_mnist", "digits", "cifar10", "cifar100", "emnist_balanced",
-                             "tiny_imagenet", "image_folder", "npz"}
+                             "tiny_imagenet", "image_folder", "npz", "cifar10_subset"}
     ds = get_dataset("digits", split_seed=1)
     assert isinstance(ds, Digits) and ds.split_seed == 1
     with pytest.raises(ValueError, match="'fashionmnist'.*Did you mean 'fashion_mnist'"):
