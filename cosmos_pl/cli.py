@@ -4,6 +4,10 @@
 directory; ``cosmos-pl compare --config FILE --algorithms cosmos,fedmd --seeds 0,1,2 --out DIR`` runs every
 (algorithm, seed) pair and writes the comparison. ``--print_config`` prints the fully resolved config; ``--help``
 documents every option (from the docstrings in :mod:`cosmos_pl.config` and the algorithm classes).
+
+Exit status: 0 on success; 2 for a user error (a bad setting, missing data, a run directory in use, W&B that
+cannot start), printed as one line ``cosmos-pl: error: ...`` before any training; 1 for an internal fault (a
+traceback and where to report it) or a failed compare pair; 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Optional
 
@@ -26,18 +31,27 @@ from cosmos_pl.config import (
     TrainerConfig,
     Transformations,
     WandbConfig,
+    validate_against_data,
+    validate_config,
 )
+from cosmos_pl.errors import UserError
+
+ISSUES_URL = "https://github.com/cosmos-pl/cosmos-pl/issues"
 
 __all__ = ["build_parser", "build_fit_parser", "main", "run", "run_fit"]
 
 
 def build_fit_parser() -> ArgumentParser:
+    # parse errors are raised (ArgumentError) and printed by main as one line
     p = ArgumentParser(description="Train one federated algorithm (COSMOS by default) on heterogeneous clients.",
-                       exit_on_error=True)
+                       exit_on_error=False)
     p.add_argument("--config", action=ActionConfigFile, help="YAML config file (configs/*.yaml); later flags override it.")
     p.add_argument("--seed", type=int, default=0, help="One seed for Python, NumPy, torch, the partition and every stage.")
     p.add_argument("--run_dir", type=Optional[str], default=None,
-                   help="Run directory (default: runs/<config name>-<YYYYmmdd-HHMMSS>).")
+                   help="Run directory (default: a new runs/<config name>-<YYYYmmdd-HHMMSS>[-N]). One that holds "
+                        "another run's files is refused unless --overwrite true.")
+    p.add_argument("--overwrite", type=bool, default=False,
+                   help="Reuse a --run_dir that holds another run's files: they are removed first.")
     p.add_argument("--round0_cache", type=Optional[str], default=None,
                    help="Folder keeping trained round-0 client models by a hash of the settings that decide them; "
                         "runs with the same hash load them instead of training (cosmos-pl compare sets it).")
@@ -70,7 +84,8 @@ def build_compare_parser() -> ArgumentParser:
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="cosmos-pl", description="cosmos-pl: model-agnostic personalized federated learning.")
+    parser = ArgumentParser(prog="cosmos-pl", description="cosmos-pl: model-agnostic personalized federated learning.",
+                            exit_on_error=False)
     sub = parser.add_subcommands(required=True)
     sub.add_subcommand("fit", build_fit_parser(), help="Train one algorithm and write a run directory.")
     sub.add_subcommand("compare", build_compare_parser(), help="Compare algorithms over seeds and write a report.")
@@ -78,6 +93,7 @@ def build_parser() -> ArgumentParser:
 
 
 def _default_run_dir(cfg: Namespace) -> Path:
+    """runs/<config name>-<YYYYmmdd-HHMMSS>; RunDirectory.unique adds -2, -3, ... when it is taken."""
     configs = cfg.get("config") or []
     name = Path(str(configs[-1])).stem if configs else "default"
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -96,34 +112,39 @@ def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
     from cosmos_pl.tracking import Tracker
 
     console = Console()
-    run_path = Path(cfg.run_dir) if cfg.run_dir else _default_run_dir(cfg)
-    config_yaml = parser.dump(cfg, skip_unset=False)
+    saved = cfg.clone()
+    saved.overwrite = False  # config.yaml describes the run; rerunning it must not clear a folder unasked
+    config_yaml = parser.dump(saved, skip_unset=False)
+    # every user error is found here, before any data is loaded: settings, the run directory, W&B
     init = parser.instantiate(cfg)
+    validate_config(init)
     algorithm: Algorithm = init.algorithm
-    algorithm.validate(list(init.clients.backbones))  # before any data is loaded
-    seed_everything(init.seed, verbose=False)
-
-    data_cfg: DataConfig = init.data
-    data = data_cfg.dataset.load()
-    federation = build_federation(
-        data, data_cfg.partitioner, data_cfg.num_clients, public_fraction=data_cfg.public_fraction,
-        test_samples_per_client=data_cfg.test_samples_per_client, max_train_samples=data_cfg.max_train_samples,
-        validation_fraction=data_cfg.validation_fraction, seed=init.seed,
-    )
-    run_dir = RunDirectory(run_path)
-    run_dir.write_text("config.yaml", config_yaml)
-    run_dir.write_json("partition.json", {
-        "dataset": data.name, "num_classes": federation.num_classes, "classes": federation.classes,
-        "public_set_size": len(federation.public_x),
-        "test_set_sizes": [len(c.y_test) for c in federation.clients],
-        "validation_set_sizes": [0 if c.y_val is None else len(c.y_val) for c in federation.clients],
-        **federation.partition.to_json(federation.partition_labels, federation.num_classes),
-    })
-    console.print(f"[bold]cosmos-pl[/bold] {algorithm.name} on {data.name}: {len(federation.clients)} clients, "
-                  f"|U| = {len(federation.public_x)}, M = {federation.num_classes}; run directory {run_path}")
+    run_dir = RunDirectory.prepare(cfg.run_dir, cfg.overwrite) if cfg.run_dir else \
+        RunDirectory.unique(_default_run_dir(cfg))
+    run_path = run_dir.path
     tracker = Tracker(init.wandb.mode, run_path, _plain(cfg),
                       init.wandb.project, init.wandb.entity, init.wandb.name, init.wandb.tags)
     try:
+        seed_everything(init.seed, verbose=False)
+        data_cfg: DataConfig = init.data
+        data = data_cfg.dataset.load()
+        federation = build_federation(
+            data, data_cfg.partitioner, data_cfg.num_clients, public_fraction=data_cfg.public_fraction,
+            test_samples_per_client=data_cfg.test_samples_per_client, max_train_samples=data_cfg.max_train_samples,
+            validation_fraction=data_cfg.validation_fraction, seed=init.seed,
+        )
+        validate_against_data(init, federation.num_classes)
+        # written once the data is in: a run that failed to load its data leaves no result files behind
+        run_dir.write_text("config.yaml", config_yaml)
+        run_dir.write_json("partition.json", {
+            "dataset": data.name, "num_classes": federation.num_classes, "classes": federation.classes,
+            "public_set_size": len(federation.public_x),
+            "test_set_sizes": [len(c.y_test) for c in federation.clients],
+            "validation_set_sizes": [0 if c.y_val is None else len(c.y_val) for c in federation.clients],
+            **federation.partition.to_json(federation.partition_labels, federation.num_classes),
+        })
+        console.print(f"[bold]cosmos-pl[/bold] {algorithm.name} on {data.name}: {len(federation.clients)} clients, "
+                      f"|U| = {len(federation.public_x)}, M = {federation.num_classes}; run directory {run_path}")
         runner = Runner(federation, algorithm, init.clients, rounds=init.rounds, seed=init.seed,
                         transformations=init.transformations, trainer=init.trainer, executor=init.executor,
                         communication=init.communication, recorder=Recorder(run_dir, tracker), console=console)
@@ -159,7 +180,7 @@ def _round0_key(cfg: Namespace) -> str:
 
 
 def _plain(cfg: Namespace) -> dict[str, Any]:
-    return {k: v for k, v in cfg.clone().as_dict().items() if k not in ("config", "comparison")}
+    return {k: v for k, v in cfg.clone().as_dict().items() if k not in ("config", "comparison", "overwrite")}
 
 
 def run(argv: list[str]) -> Any:
@@ -175,15 +196,37 @@ def run(argv: list[str]) -> Any:
     return run_compare(cfg.compare, sub, build_fit_parser())
 
 
+def _error(message: str) -> int:
+    print(f"cosmos-pl: error: {' '.join(str(message).split())}", file=sys.stderr)  # one line
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
-    """The ``cosmos-pl`` console script: exit status 0 on success, 2 on a bad setting or missing data."""
+    """The ``cosmos-pl`` console script.
+
+    Returns the exit status: 0 on success; 2 for a user error (:class:`~cosmos_pl.errors.UserError`, a parse
+    error, a missing file), printed as one line on stderr; 1 for an internal fault (any other exception: its
+    traceback and where to report it) or when a compare pair failed; 130 on Ctrl-C.
+    """
+    from jsonargparse import ArgumentError
+
     os.environ.setdefault("PYTHONHASHSEED", "0")
+    args = sys.argv[1:] if argv is None else argv
+    command = f" {args[0]}" if args and args[0] in ("fit", "compare") else ""
     try:
-        result = run(sys.argv[1:] if argv is None else argv)
-    except (ValueError, FileNotFoundError) as err:
-        # settings checked after parsing (partition, data set, thresholds) name the field and the fix
-        print(f"cosmos-pl: error: {err}", file=sys.stderr)
-        return 2
+        result = run(args)
+    except ArgumentError as err:  # a parse error: unknown key, wrong type, missing config file
+        return _error(f"{err} (options: cosmos-pl{command} --help)")
+    except (UserError, FileNotFoundError) as err:  # FileNotFoundError: a config or data file named in the settings
+        return _error(str(err))
+    except KeyboardInterrupt:
+        print("cosmos-pl: interrupted", file=sys.stderr)
+        return 130
+    except Exception:
+        traceback.print_exc()
+        print(f"cosmos-pl: internal error (a bug in cosmos-pl): please report it with the command, config.yaml and "
+              f"this traceback at {ISSUES_URL}", file=sys.stderr)
+        return 1
     return 1 if getattr(result, "failed", False) else 0
 
 

@@ -13,6 +13,8 @@ from typing import Any, Literal, Optional
 
 import torch
 
+from cosmos_pl.errors import ConfigError, check
+
 __all__ = ["CommunicationConfig", "pseudo_label_bytes", "hard_label_bytes", "state_dict_bytes", "Payload", "encode",
            "encode_hard", "decode", "UploadDtype"]
 
@@ -32,6 +34,13 @@ class CommunicationConfig:
 
     upload_dtype: UploadDtype = "float32"
     top_k: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        """Raises ConfigError for an unknown dtype or k < 1 (k <= M is checked once the data set is loaded)."""
+        check(self.upload_dtype in _TORCH, "communication.upload_dtype", self.upload_dtype,
+              "use float32, float16 or uint8")
+        check(self.top_k is None or self.top_k >= 1, "communication.top_k", self.top_k,
+              "must be >= 1 (at most M, the number of classes), or null for dense uploads")
 
 
 def _index_bytes(num_classes: int) -> int:
@@ -56,16 +65,16 @@ def pseudo_label_bytes(n: int, num_classes: int, dtype: str = "float32", top_k: 
     index takes 1 byte for M <= 256, else 2 (the dropped mass is implied by 1 - sum, so nothing else travels).
 
     Raises:
-        ValueError: an unknown dtype, negative sizes, or k outside [1, M].
+        ConfigError: an unknown dtype or k outside [1, M] (settings). ValueError: negative sizes (a bug).
     """
     if dtype not in _ITEM_BYTES:
-        raise ValueError(f"upload dtype {dtype!r}: use one of {sorted(_ITEM_BYTES)}")
+        raise ConfigError(f"communication.upload_dtype={dtype!r}: use one of {sorted(_ITEM_BYTES)}")
     if n < 0 or num_classes < 0:
         raise ValueError(f"sizes must be >= 0, got n={n}, M={num_classes}")
     if top_k is None:
         return n * num_classes * _ITEM_BYTES[dtype]
     if not 1 <= top_k <= num_classes:
-        raise ValueError(f"communication.top_k={top_k}: must lie in [1, M={num_classes}] (or null for dense)")
+        raise ConfigError(f"communication.top_k={top_k}: must lie in [1, M={num_classes}] (or null for dense)")
     return n * top_k * (_ITEM_BYTES[dtype] + _index_bytes(num_classes))
 
 
@@ -94,10 +103,10 @@ def encode(probs: torch.Tensor, dtype: UploadDtype = "float32", top_k: Optional[
     probabilities per row with their class indices (uint8 for M <= 256, else int16).
 
     Raises:
-        ValueError: unknown dtype or k outside [1, M].
+        ConfigError: unknown dtype or k outside [1, M].
     """
     if dtype not in _TORCH:
-        raise ValueError(f"communication.upload_dtype={dtype!r}: use float32, float16 or uint8")
+        raise ConfigError(f"communication.upload_dtype={dtype!r}: use float32, float16 or uint8")
     n, m = probs.shape
     pseudo_label_bytes(n, m, dtype, top_k)  # validates
     p = probs.float()

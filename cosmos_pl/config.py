@@ -3,26 +3,47 @@
 Every field's docstring line becomes its ``--help`` text; unknown keys and wrong types are parse errors.
 This module sits at the top of the import graph: it gathers the settings classes that live beside the code
 they configure (clients, trainer, executor, communication, transformations) and adds the experiment-level ones.
+
+Every setting is checked before any data is loaded: each group's own ranges when it is built (its
+``__post_init__``, or an algorithm's ``__init__``), and what spans groups or needs torch in
+:func:`validate_config`; the one check that needs the data set (``communication.top_k`` <= M) is
+:func:`validate_against_data`, run right after loading, before round 0. All raise
+:class:`~cosmos_pl.errors.ConfigError` naming the dotted key, the value and what is allowed.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Optional
 
-from jsonargparse import lazy_instance
+import torch
+from jsonargparse import Namespace, lazy_instance
 
+from cosmos_pl.algorithms import Algorithm, algorithm_class
 from cosmos_pl.communication import CommunicationConfig
 from cosmos_pl.data import FashionMNIST, GroupDirichlet, ImageDataset, Partitioner
+from cosmos_pl.errors import ConfigError, check
 from cosmos_pl.federated.client import ClientConfig
-from cosmos_pl.federated.executor import ExecutorConfig
+from cosmos_pl.federated.executor import ExecutorConfig, resolve_devices
 from cosmos_pl.federated.stages import TrainerConfig
 from cosmos_pl.transforms import Transformations
 
 __all__ = [
     "DataConfig", "ClientConfig", "CommunicationConfig", "WandbConfig", "TrainerConfig", "ExecutorConfig",
-    "CompareConfig", "Transformations",
+    "CompareConfig", "Transformations", "validate_config", "validate_against_data", "check_seed",
 ]
+
+SEED_MAX = 2**32 - 1  # numpy and Lightning take unsigned 32-bit seeds
+_BAD_PROJECT_CHARS = "/\\#?%:"  # W&B refuses project names with these (wandb_settings.validate_project)
+
+
+def check_seed(key: str, seed: int) -> None:
+    """Raise ConfigError unless ``0 <= seed <= 2**32 - 1``."""
+    check(0 <= seed <= SEED_MAX, key, seed, f"must lie in [0, {SEED_MAX}] (seeds are unsigned 32-bit integers)")
 
 
 @dataclass
@@ -47,6 +68,18 @@ class DataConfig:
     max_train_samples: Optional[int] = None
     validation_fraction: float = 0.0
 
+    def __post_init__(self) -> None:
+        """Raises ConfigError for a value out of range (U empty for an algorithm that needs it: :func:`validate_config`)."""
+        check(self.num_clients >= 1, "data.num_clients", self.num_clients, "must be >= 1")
+        check(0 <= self.public_fraction < 1, "data.public_fraction", self.public_fraction,
+              "must lie in [0, 1), > 0 for algorithms that exchange pseudo-labels on U (paper: 0.2)")
+        check(self.test_samples_per_client >= 1, "data.test_samples_per_client", self.test_samples_per_client,
+              "must be >= 1")
+        check(self.max_train_samples is None or self.max_train_samples >= 1, "data.max_train_samples",
+              self.max_train_samples, "must be >= 1, or null for the whole training split")
+        check(0 <= self.validation_fraction < 1, "data.validation_fraction", self.validation_fraction,
+              "must lie in [0, 1) (0: no validation split)")
+
 
 @dataclass
 class WandbConfig:
@@ -66,6 +99,12 @@ class WandbConfig:
     name: Optional[str] = None
     tags: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        """Raises ConfigError for a project name W&B rejects (found here, not when the run is synced)."""
+        ok = 0 < len(self.project) <= 128 and not set(self.project) & set(_BAD_PROJECT_CHARS)
+        check(ok, "wandb.project", self.project,
+              f"give a name of 1 to 128 characters without any of {' '.join(_BAD_PROJECT_CHARS)}")
+
 
 @dataclass
 class CompareConfig:
@@ -82,3 +121,118 @@ class CompareConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     jobs: int = 1
+
+    def __post_init__(self) -> None:
+        """Raises ConfigError for an unknown algorithm name, a bad seed or jobs < 1."""
+        check(len(self.algorithms) > 0, "comparison.algorithms", self.algorithms, "give at least one name")
+        for name in self.algorithms:
+            algorithm_class(name, "comparison.algorithms")
+        for name in self.settings:
+            algorithm_class(name, "comparison.settings")
+        check(len(self.seeds) > 0, "comparison.seeds", self.seeds, "give at least one seed")
+        for seed in self.seeds:
+            check_seed("comparison.seeds", seed)
+        check(self.jobs >= 1, "comparison.jobs", self.jobs, "must be >= 1")
+
+
+def _check_backbone(key: str, name: str) -> None:
+    """A timm or torchvision name that :func:`cosmos_pl.models.create_backbone` accepts."""
+    import timm
+
+    from cosmos_pl.models import TORCHVISION_BACKBONES, available_backbones
+
+    if name in TORCHVISION_BACKBONES or timm.is_model(name):
+        return
+    close = difflib.get_close_matches(name, available_backbones(), n=3)
+    hint = f"did you mean {', '.join(map(repr, close))}? " if close else ""
+    raise ConfigError(f"{key}={name!r}: unknown backbone; {hint}list timm names with timm.list_models('*pattern*'); "
+                      f"torchvision ones: {', '.join(TORCHVISION_BACKBONES)}")
+
+
+def _check_batch_of_one(key: str, batch_size: int, backbones: list[str]) -> None:
+    """BatchNorm cannot train on batches of one sample: a batch size of 1 needs backbones without it."""
+    if batch_size != 1:
+        return
+    from cosmos_pl.models import create_backbone
+
+    for name in dict.fromkeys(backbones):
+        model = create_backbone(name, num_classes=10, in_chans=3, image_size=32)
+        if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            raise ConfigError(f"{key}=1: must be >= 2, since {name} has BatchNorm layers, which cannot train on a "
+                              f"batch of one sample")
+
+
+def _check_optimizer(key: str, factory: Any) -> None:
+    """Build the optimizer on one dummy parameter, so a bad learning rate or other init_arg fails now."""
+    if isinstance(factory, dict):  # a class_path/init_args dict not built by the parser
+        lr = factory.get("init_args", {}).get("lr")
+    else:
+        lr = factory.keywords.get("lr") if isinstance(factory, functools.partial) else None
+    if lr is not None:
+        check(math.isfinite(float(lr)) and float(lr) > 0, f"{key}.init_args.lr", lr, "must be finite and > 0")
+    if not callable(factory):
+        return
+    try:
+        optimizer = factory([torch.nn.Parameter(torch.zeros(1))])
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{key}: the optimizer rejects its init_args ({err}); fix {key}.init_args") from None
+    lr = optimizer.defaults.get("lr")
+    if lr is not None:
+        check(math.isfinite(float(lr)) and float(lr) > 0, f"{key}.init_args.lr", float(lr), "must be finite and > 0")
+
+
+def validate_config(init: Namespace) -> None:
+    """Check an instantiated ``fit`` config (``parser.instantiate(cfg)``) before any data is loaded.
+
+    Each group checked its own ranges when it was built; this checks what spans groups or needs torch, timm or
+    the machine: ``rounds`` and ``seed``, an empty U for an algorithm that exchanges pseudo-labels on it, the
+    partitioner's groups against ``data.num_clients``, backbone names, a batch of one with BatchNorm, the
+    algorithm's own requirements (:meth:`Algorithm.validate`), every optimizer's init_args (built once on a
+    dummy parameter), CUDA for ``trainer.accelerator`` and the GPU ids of ``executor.devices``.
+
+    Raises:
+        ConfigError: naming the dotted key, the value and what is allowed.
+    """
+    algorithm: Algorithm = init.algorithm
+    data: DataConfig = init.data
+    clients: ClientConfig = init.clients
+    check(init.rounds >= 1, "rounds", init.rounds, "must be >= 1 (rounds after round 0, which trains locally)")
+    check_seed("seed", init.seed)
+    check(data.public_fraction > 0 or not algorithm.uses_public, "data.public_fraction", data.public_fraction,
+          f"must be > 0: {type(algorithm).__name__} exchanges pseudo-labels on the public set U (paper: 0.2)")
+    groups = getattr(data.partitioner, "num_groups", None)
+    if isinstance(groups, int):
+        check(groups >= 1, "data.partitioner.init_args.num_groups", groups, "must be >= 1")
+        check(data.num_clients >= groups, "data.num_clients", data.num_clients,
+              f"must be >= data.partitioner.init_args.num_groups={groups}: every group needs a client; "
+              f"raise num_clients or lower num_groups")
+    for i, name in enumerate(clients.backbones):
+        _check_backbone(f"clients.backbones[{i}]", name)
+    _check_batch_of_one("clients.batch_size", clients.batch_size, list(clients.backbones))
+    teacher = getattr(algorithm, "teacher_backbone", None)
+    if teacher is not None:
+        _check_backbone("algorithm.init_args.teacher_backbone", teacher)
+        _check_batch_of_one("algorithm.init_args.teacher_batch_size", algorithm.teacher_batch_size, [teacher])
+    algorithm.validate(list(clients.backbones))
+    _check_optimizer("clients.optimizer", clients.optimizer)
+    _check_optimizer("clients.distill_optimizer", clients.distill_optimizer)
+    for name, value in vars(algorithm).items():
+        if name.endswith("optimizer") and value is not None:
+            _check_optimizer(f"algorithm.init_args.{name}", value)
+    accelerator = init.trainer.accelerator
+    check(accelerator not in ("gpu", "cuda") or torch.cuda.is_available(), "trainer.accelerator", accelerator,
+          "CUDA is not available on this machine; use 'cpu' or 'auto'")
+    resolve_devices(init.executor.devices, accelerator)
+    cache = init.get("round0_cache")
+    check(not cache or not Path(cache).is_file(), "round0_cache", cache, "is an existing file; give a folder")
+
+
+def validate_against_data(init: Namespace, num_classes: int) -> None:
+    """The checks that need the loaded data set's number of classes M; run before round 0.
+
+    Raises:
+        ConfigError: ``communication.top_k`` > M.
+    """
+    top_k = init.communication.top_k
+    check(top_k is None or top_k <= num_classes, "communication.top_k", top_k,
+          f"must lie in [1, M={num_classes}] for this data set, or null for dense uploads")

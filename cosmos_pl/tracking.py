@@ -2,11 +2,40 @@
 
 from __future__ import annotations
 
+import inspect
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Tracker"]
+from cosmos_pl.errors import TrackingError
+
+__all__ = ["Tracker", "INIT_TIMEOUT_S"]
+
+# Seconds wandb.init may take to reach the server in online mode before the run stops with a one-line error
+# (wandb's own default is 90 s, then retries); the WANDB_INIT_TIMEOUT environment variable overrides it.
+INIT_TIMEOUT_S = 30.0
+_OFFLINE_HINT = "pass --wandb.mode offline (sync later with `wandb sync`) or --wandb.mode disabled"
+
+
+def _has_credentials(wandb: Any) -> bool:
+    """Whether wandb finds an API key (environment, .netrc, settings) or an identity token, without prompting
+    and without the network."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    if "prompt" in inspect.signature(wandb.login).parameters:  # newer wandb: looks without asking
+        return bool(wandb.login(prompt=False, verify=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return bool(wandb.api.api_key)
+
+
+def _init_timeout() -> float:
+    text = os.environ.get("WANDB_INIT_TIMEOUT", str(INIT_TIMEOUT_S))
+    try:
+        return float(text)
+    except ValueError:
+        raise TrackingError(f"WANDB_INIT_TIMEOUT={text!r}: give seconds as a number, e.g. 30") from None
 
 
 class Tracker:
@@ -17,6 +46,11 @@ class Tracker:
         run_dir: the run directory; W&B files go to ``run_dir/wandb``.
         config: the resolved experiment config (a plain dict).
         project, entity, name, tags: passed to ``wandb.init``.
+
+    Raises:
+        TrackingError: wandb cannot start: not installed, no API key in online mode, the server not reached
+            within ``WANDB_INIT_TIMEOUT`` (default :data:`INIT_TIMEOUT_S`) seconds, or refused by it. The
+            message suggests offline mode.
     """
 
     def __init__(self, mode: str, run_dir: Path, config: dict[str, Any], project: str,
@@ -24,13 +58,29 @@ class Tracker:
         self.run = None
         if mode == "disabled":
             return
-        import wandb
+        try:
+            import wandb
+        except ImportError as err:
+            raise TrackingError(f"wandb.mode={mode!r}: wandb cannot be imported ({err}); reinstall it "
+                                f"(pip install 'wandb>=0.19.9') or pass --wandb.mode disabled") from None
 
         os.environ.setdefault("WANDB_SILENT", "true")
-        self.run = wandb.init(
-            mode=mode, dir=str(run_dir), project=project, entity=entity,
-            name=name or run_dir.name, tags=tags, config=config, reinit="finish_previous",
-        )
+        if mode == "online" and not _has_credentials(wandb):
+            # checked here: wandb.init would otherwise prompt for a key, or fail with a traceback
+            raise TrackingError(f"wandb.mode='online' but no W&B API key is set (WANDB_API_KEY, or `wandb login`); "
+                                f"log in, or {_OFFLINE_HINT}")
+        timeout = _init_timeout()
+        try:
+            self.run = wandb.init(
+                mode=mode, dir=str(run_dir), project=project, entity=entity,
+                name=name or run_dir.name, tags=tags, config=config, reinit="finish_previous",
+                settings=wandb.Settings(init_timeout=timeout),
+            )
+        except wandb.errors.Error as err:  # no network, a timeout, a refused key, a bad entity or project
+            reason = " ".join(str(err).split())[:300]
+            raise TrackingError(f"wandb.mode={mode!r}: W&B did not start ({type(err).__name__}: {reason}); "
+                                f"{_OFFLINE_HINT}; on a slow network raise WANDB_INIT_TIMEOUT (now {timeout:g} s)"
+                                ) from None
         self.run.define_metric("round")
         self.run.define_metric("*", step_metric="round")
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from cosmos_pl.errors import check
+
 __all__ = ["Transformations", "to_unit", "normalize", "prepare"]
 
 
@@ -49,10 +51,10 @@ class Transformations:
     noise_radius: float = 0.03
 
     def __post_init__(self) -> None:
-        if self.translate < 0:
-            raise ValueError(f"transformations.translate={self.translate}: must be >= 0 pixels")
-        if self.noise_radius < 0:
-            raise ValueError(f"transformations.noise_radius={self.noise_radius}: must be >= 0")
+        """Raises ConfigError for a negative shift or a radius outside [0, 1]."""
+        check(self.translate >= 0, "transformations.translate", self.translate, "must be >= 0 pixels (0: no shift)")
+        check(0 <= self.noise_radius <= 1, "transformations.noise_radius", self.noise_radius,
+              "must lie in [0, 1] (a per-pixel RMS radius in [0, 1] pixel units; 0: no perturbation)")
 
     def augment(self, x: torch.Tensor) -> torch.Tensor:
         """Random T(x): translation (zero padding) and optional flip. ``[B, C, H, W]`` in [0, 1] -> same."""

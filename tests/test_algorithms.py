@@ -137,11 +137,11 @@ def test_local_only_plan_and_settings_errors():
     algo = LocalOnly()
     algo.setup(_ctx(2))
     assert algo.plan(3) == [LocalFit(2)]
-    with pytest.raises(ValueError, match="algorithm.lambda_=-1"):
+    with pytest.raises(ValueError, match="algorithm.init_args.lambda_=-1"):
         COSMOS(lambda_=-1)
-    with pytest.raises(ValueError, match="algorithm.num_clusters=0"):
+    with pytest.raises(ValueError, match="algorithm.init_args.num_clusters=0"):
         COMET(num_clusters=0)
-    with pytest.raises(ValueError, match="algorithm.b0=-1"):
+    with pytest.raises(ValueError, match="algorithm.init_args.b0=-1"):
         COSMOS(b0=-1.0)
 
 
@@ -159,5 +159,5 @@ def test_cosmos_client_settings_reach_the_distill_step():
     plain = COSMOS(lambda_=5.0)
     plain.setup(_ctx(2))
     assert plain.plan(1) == [Upload("soft"), Distill(3, 5.0, 1, False, freeze_bn=False)]
-    with pytest.raises(ValueError, match="algorithm.client_lambda_=-1"):
+    with pytest.raises(ValueError, match="algorithm.init_args.client_lambda_=-1"):
         COSMOS(client_lambda_=-1.0)

@@ -21,6 +21,7 @@ from cosmos_pl.algorithms.fedavg import FedAvg
 from cosmos_pl.algorithms.fedct import FedCT
 from cosmos_pl.algorithms.fedmd import FedMD
 from cosmos_pl.algorithms.local import LocalOnly
+from cosmos_pl.errors import ConfigError
 
 __all__ = ["Algorithm", "FederationContext", "ServerResult", "COSMOS", "LocalOnly", "FedMD", "FedCT", "COMET",
            "FedAvg", "ALGORITHMS", "algorithm_class"]
@@ -28,15 +29,15 @@ __all__ = ["Algorithm", "FederationContext", "ServerResult", "COSMOS", "LocalOnl
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (COSMOS, LocalOnly, FedMD, FedCT, COMET, FedAvg)}
 
 
-def algorithm_class(name: str) -> type[Algorithm]:
-    """The class of a short algorithm name (case-insensitive).
+def algorithm_class(name: str, key: str = "algorithm") -> type[Algorithm]:
+    """The class of a short algorithm name (case-insensitive); ``key`` is the setting that gave it.
 
     Raises:
-        ValueError: an unknown name, suggesting the closest valid one and listing all.
+        ConfigError: an unknown name, suggesting the closest valid one and listing all.
     """
-    key = name.strip().lower()
-    if key in ALGORITHMS:
-        return ALGORITHMS[key]
-    close = difflib.get_close_matches(key, list(ALGORITHMS), n=1)
+    short = name.strip().lower()
+    if short in ALGORITHMS:
+        return ALGORITHMS[short]
+    close = difflib.get_close_matches(short, list(ALGORITHMS), n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    raise ValueError(f"unknown algorithm {name!r}: {hint}valid names are {', '.join(ALGORITHMS)}")
+    raise ConfigError(f"{key}={name!r}: unknown algorithm; {hint}valid names are {', '.join(ALGORITHMS)}")

@@ -20,6 +20,8 @@ from typing import Any, Callable, Literal, Optional, Union
 import torch
 from torch import nn
 
+from cosmos_pl.errors import check
+
 __all__ = [
     "Algorithm", "FederationContext", "ServerResult",
     "LocalFit", "Upload", "Distill", "JointFit", "UnionFit", "LoadWeights", "Step", "check_setting",
@@ -156,19 +158,23 @@ class Algorithm:
     """A federated algorithm over heterogeneous clients; subclasses are chosen in the config by class path.
 
     Subclasses set ``name`` (the short name ``cosmos-pl compare`` uses), ``scored`` (which model's accuracy
-    is the headline personalized accuracy: ``"teacher"`` for COSMOS's h_pi(i), ``"client"`` for f_i) and
-    ``shared_init`` (every client starts from the same initial weights, as parameter averaging needs).
+    is the headline personalized accuracy: ``"teacher"`` for COSMOS's h_pi(i), ``"client"`` for f_i),
+    ``shared_init`` (every client starts from the same initial weights, as parameter averaging needs) and
+    ``uses_public`` (clients send something computed on U, so U must not be empty: ``data.public_fraction > 0``).
+    Constructor arguments are checked in ``__init__`` (:func:`check_setting`), so a bad one fails when the
+    config is parsed.
     """
 
     name: str = "algorithm"
     scored: Literal["client", "teacher"] = "client"
     shared_init: bool = False
+    uses_public: bool = True
 
     def validate(self, backbones: list[str]) -> None:
         """Check, before any data is loaded, that clients with these backbone names suit the algorithm.
 
         Raises:
-            ValueError: they cannot run this algorithm (naming the setting and the fix).
+            ConfigError: they cannot run this algorithm (naming the setting and the fix).
         """
 
     def setup(self, ctx: FederationContext) -> None:
@@ -212,7 +218,7 @@ class Algorithm:
         """Restore :meth:`state_dict` (after :meth:`setup`)."""
 
 
-def check_setting(key: str, value: Any, ok: bool, allowed: str) -> None:
-    """Raise ``ValueError("<key>=<value>: must be <allowed>")`` unless ``ok`` (a setting checked at parse time)."""
-    if not ok:
-        raise ValueError(f"{key}={value!r}: must be {allowed}")
+def check_setting(name: str, value: Any, ok: bool, allowed: str) -> None:
+    """Raise :class:`~cosmos_pl.errors.ConfigError` ``"algorithm.init_args.<name>=<value>: must be <allowed>"``
+    unless ``ok``: an algorithm's constructor argument, checked when the config is parsed."""
+    check(ok, f"algorithm.init_args.{name}", value, f"must be {allowed}")

@@ -14,6 +14,7 @@ Scored model: the client model f_i.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import torch
@@ -56,10 +57,10 @@ class COMET(Algorithm):
 
     def __init__(self, num_clusters: int = 5, lambda_: float = 1.0, epochs: Optional[int] = None,
                  n_init: int = 10) -> None:
-        check_setting("algorithm.num_clusters", num_clusters, num_clusters >= 1, ">= 1")
-        check_setting("algorithm.lambda_", lambda_, lambda_ >= 0, ">= 0")
-        check_setting("algorithm.epochs", epochs, epochs is None or epochs >= 0, ">= 0 or null")
-        check_setting("algorithm.n_init", n_init, n_init >= 1, ">= 1")
+        check_setting("num_clusters", num_clusters, num_clusters >= 1, ">= 1")
+        check_setting("lambda_", lambda_, math.isfinite(lambda_) and lambda_ >= 0, "finite and >= 0")
+        check_setting("epochs", epochs, epochs is None or epochs >= 0, ">= 0 or null")
+        check_setting("n_init", n_init, n_init >= 1, ">= 1")
         self.num_clusters, self.lambda_, self.epochs, self.n_init = num_clusters, lambda_, epochs, n_init
 
     def setup(self, ctx) -> None:

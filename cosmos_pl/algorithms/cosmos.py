@@ -14,6 +14,7 @@ is reported beside it.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, Optional, Union
 
 import numpy as np
@@ -25,6 +26,7 @@ from cosmos_pl.aggregation import AGGREGATIONS, aggregate
 from cosmos_pl.algorithms.base import Algorithm, Distill, LocalFit, ServerResult, Step, Upload, check_setting
 from cosmos_pl.clustering import greedy_clustering, pairwise_distances, resolve_b0
 from cosmos_pl.communication import pseudo_label_bytes
+from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.stages import fit_distillation, predict_probs
 from cosmos_pl.losses import apply_temperature
 from cosmos_pl.models import count_parameters
@@ -67,7 +69,7 @@ class COSMOS(Algorithm):
         client_prior_correction: each client shifts the teacher's pseudo-labels to its own label prior before Eq. 2 (label-shift correction; off in the paper).
 
     Raises:
-        ValueError: a setting out of range, naming the key and what is allowed.
+        ConfigError: a setting out of range, naming the key (``algorithm.init_args.<name>``) and what is allowed.
     """
 
     name = "cosmos"
@@ -93,21 +95,25 @@ class COSMOS(Algorithm):
         client_freeze_bn: bool = False,
         client_prior_correction: bool = False,
     ) -> None:
-        check_setting("algorithm.lambda_", lambda_, lambda_ >= 0, ">= 0 (paper: 5)")
-        check_setting("algorithm.temperature", temperature, temperature >= 0, ">= 0 (0 = hard labels, 1 = unchanged)")
-        check_setting("algorithm.num_views", num_views, num_views >= 1, ">= 1")
-        check_setting("algorithm.client_lambda_", client_lambda_, client_lambda_ is None or client_lambda_ >= 0,
-                      ">= 0 or null")
-        check_setting("algorithm.ptc_epochs", ptc_epochs, ptc_epochs >= 1, ">= 1 (teachers train from scratch in PTC)")
-        check_setting("algorithm.teacher_epochs", teacher_epochs, teacher_epochs >= 0, ">= 0")
-        check_setting("algorithm.teacher_batch_size", teacher_batch_size, teacher_batch_size >= 1, ">= 1")
-        check_setting("algorithm.aggregation", aggregation, aggregation in AGGREGATIONS, f"one of {AGGREGATIONS}")
-        check_setting("algorithm.distance", distance, distance in ("l1", "l2"), "'l1' (paper) or 'l2'")
-        if b0 not in ("auto", "otsu"):
+        check_setting("lambda_", lambda_, math.isfinite(lambda_) and lambda_ >= 0, "finite and >= 0 (paper: 5)")
+        check_setting("temperature", temperature, math.isfinite(temperature) and temperature >= 0,
+                      "finite and >= 0 (0 = hard labels, 1 = unchanged)")
+        check_setting("num_views", num_views, num_views >= 1, ">= 1")
+        check_setting("client_lambda_", client_lambda_,
+                      client_lambda_ is None or (math.isfinite(client_lambda_) and client_lambda_ >= 0),
+                      "finite and >= 0, or null (= lambda_)")
+        check_setting("ptc_epochs", ptc_epochs, ptc_epochs >= 1, ">= 1 (teachers train from scratch in PTC)")
+        check_setting("teacher_epochs", teacher_epochs, teacher_epochs >= 0, ">= 0")
+        check_setting("teacher_batch_size", teacher_batch_size, teacher_batch_size >= 1, ">= 1")
+        check_setting("aggregation", aggregation, aggregation in AGGREGATIONS, f"one of {AGGREGATIONS}")
+        check_setting("distance", distance, distance in ("l1", "l2"), "'l1' (paper) or 'l2'")
+        if isinstance(b0, (int, float)):
+            check_setting("b0", b0, not math.isnan(b0) and b0 >= 0, "a number >= 0, 'inf', 'auto' or 'otsu'")
+        elif b0 not in ("auto", "otsu"):
             try:  # a bad B0 fails now, not after round 0 has trained
                 resolve_b0(b0, np.zeros((1, 1)))
             except ValueError as err:
-                raise ValueError(f"algorithm.{err}") from None
+                raise ConfigError(f"algorithm.init_args.{err}") from None
         self.teacher_backbone, self.b0, self.distance, self.aggregation = teacher_backbone, b0, distance, aggregation
         self.ptc_epochs, self.teacher_epochs, self.teacher_batch_size = ptc_epochs, teacher_epochs, teacher_batch_size
         self.teacher_optimizer = teacher_optimizer

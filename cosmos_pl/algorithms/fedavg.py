@@ -20,6 +20,7 @@ import torch
 
 from cosmos_pl.algorithms.base import Algorithm, LoadWeights, LocalFit, ServerResult, Step, Upload
 from cosmos_pl.communication import state_dict_bytes
+from cosmos_pl.errors import ConfigError
 
 __all__ = ["FedAvg", "weighted_average"]
 
@@ -46,11 +47,12 @@ class FedAvg(Algorithm):
 
     name = "fedavg"
     shared_init = True
+    uses_public = False
 
     def validate(self, backbones: list[str]) -> None:
         names = sorted(set(backbones))
         if len(names) > 1:
-            raise ValueError(f"algorithm FedAvg averages parameters, so every client needs the same backbone, but "
+            raise ConfigError(f"algorithm FedAvg averages parameters, so every client needs the same backbone, but "
                              f"clients.backbones gives {names}: give one name (e.g. clients.backbones: [{names[0]}])")
 
     def plan(self, rnd: int) -> list[Step]:

@@ -44,7 +44,7 @@ class FedCT(Algorithm):
     name = "fedct"
 
     def __init__(self, epochs: Optional[int] = None) -> None:
-        check_setting("algorithm.epochs", epochs, epochs is None or epochs >= 0, ">= 0 or null")
+        check_setting("epochs", epochs, epochs is None or epochs >= 0, ">= 0 or null")
         self.epochs = epochs
 
     def plan(self, rnd: int) -> list[Step]:

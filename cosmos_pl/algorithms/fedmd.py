@@ -42,7 +42,7 @@ class FedMD(Algorithm):
 
     def __init__(self, digest_epochs: Optional[int] = None, revisit_epochs: Optional[int] = None) -> None:
         for key, value in (("digest_epochs", digest_epochs), ("revisit_epochs", revisit_epochs)):
-            check_setting(f"algorithm.{key}", value, value is None or value >= 0, ">= 0 or null")
+            check_setting(key, value, value is None or value >= 0, ">= 0 or null")
         self.digest_epochs, self.revisit_epochs = digest_epochs, revisit_epochs
 
     def plan(self, rnd: int) -> list[Step]:

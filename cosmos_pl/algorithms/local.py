@@ -17,6 +17,7 @@ class LocalOnly(Algorithm):
     """Clients train ``clients.local_epochs`` epochs of cross-entropy on D_i per round; no uploads, no server."""
 
     name = "local"
+    uses_public = False
 
     def phase(self, rnd: int) -> str:
         return "local"

@@ -30,11 +30,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cosmos_pl.algorithms import COSMOS, algorithm_class
 from cosmos_pl.compare.report import PairResult, write_report
+from cosmos_pl.config import check_seed, validate_config
+from cosmos_pl.errors import ConfigError, check
 from cosmos_pl.federated.run_directory import atomic_write_text
 
 __all__ = ["run_compare", "CompareResult", "Pair"]
 
-_COMPARE_ONLY = ("algorithms", "seeds", "jobs", "out", "config", "comparison")
+_COMPARE_ONLY = ("algorithms", "seeds", "jobs", "out", "config", "comparison", "overwrite")
+# keys of pair.yaml that say nothing about the run (and are absent from older pair.yaml files)
+_NOT_RUN_SETTINGS = ("overwrite",)
 
 
 @dataclass
@@ -67,16 +71,16 @@ def _split(text: Optional[str], cast: Any, key: str) -> Optional[list]:
     try:
         values = [cast(v.strip()) for v in str(text).split(",") if v.strip()]
     except ValueError:
-        raise ValueError(f"--{key}={text!r}: give a comma-separated list, e.g. --{key} "
-                         f"{'0,1,2' if cast is int else 'cosmos,fedmd'}") from None
-    if not values:
-        raise ValueError(f"--{key}={text!r}: the list is empty")
+        raise ConfigError(f"--{key}={text!r}: give a comma-separated list, e.g. --{key} "
+                          f"{'0,1,2' if cast is int else 'cosmos,fedmd'}") from None
+    check(len(values) > 0, f"--{key}", text, "the list is empty")
     return values
 
 
 def _pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser, out: Path,
                   algorithms: list[str], seeds: list[int], jobs: int) -> list[Pair]:
-    """Resolve every pair's ``fit`` config and validate it with ``fit_parser`` before anything runs."""
+    """Resolve every pair's ``fit`` config and check it as ``fit`` does (parse, build, :func:`validate_config`)
+    before anything runs."""
     base = yaml.safe_load(parser.dump(cfg, skip_unset=False))
     for key in _COMPARE_ONLY:
         base.pop(key, None)
@@ -97,20 +101,28 @@ def _pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPa
                         "algorithm": {"class_path": f"{cls.__module__}.{cls.__name__}", "init_args": init_args},
                         "executor": {**base["executor"], "threads_per_worker": threads}}
             text = yaml.safe_dump(pair_cfg, sort_keys=False)
-            # parse and build the algorithm now: a bad setting fails here, before any pair trains
+            # parse, build and check every setting now: a bad one fails here, before any pair trains
             checked = fit_parser.parse_string(text)
-            fit_parser.instantiate(checked).algorithm.validate(list(checked.clients.backbones))
+            validate_config(fit_parser.instantiate(checked))
             pairs.append(Pair(cls.name, seed, run_dir, fit_parser.dump(checked, skip_unset=False)))
     return pairs
+
+
+def _run_settings(text: str) -> Any:
+    settings = yaml.safe_load(text) or {}
+    for key in _NOT_RUN_SETTINGS:
+        settings.pop(key, None)
+    return settings
 
 
 def _finished(pair: Pair) -> bool:
     summary, saved = pair.run_dir / "summary.json", pair.run_dir / "pair.yaml"
     if not summary.is_file():
         return False
-    if not saved.is_file() or saved.read_text() != pair.config_yaml:
-        raise ValueError(f"{pair.run_dir} holds a finished run of {pair.label} made with a different config; "
-                         f"compare into a new --out folder (or delete that run directory)")
+    if not saved.is_file() or _run_settings(saved.read_text()) != _run_settings(pair.config_yaml):
+        raise ConfigError(f"--out={str(pair.run_dir.parent.parent)!r}: {pair.run_dir} holds a finished run of "
+                          f"{pair.label} made with a different config; compare into a new --out folder "
+                          f"(or delete that run directory)")
     return True
 
 
@@ -153,16 +165,20 @@ def run_compare(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPars
     ``cfg.out``; each pair's config is a ``fit`` config checked with ``fit_parser``.
 
     Raises:
-        ValueError: an unknown algorithm name, a bad list, a bad pair setting, or a finished run made with a
-            different config in ``--out``; all before any pair starts.
+        ConfigError: an unknown algorithm name, a bad list, a bad pair setting, an ``--out`` that is a file, or
+            a finished run made with a different config in ``--out``; all before any pair starts.
     """
     console = console or Console()
     algorithms = _split(cfg.algorithms, str, "algorithms") or list(cfg.comparison.algorithms)
+    for name in algorithms:
+        algorithm_class(name, "--algorithms")
     seeds = _split(cfg.seeds, int, "seeds") or list(cfg.comparison.seeds)
+    for seed in seeds:
+        check_seed("--seeds", seed)
     jobs = cfg.jobs if cfg.jobs is not None else cfg.comparison.jobs
-    if jobs < 1:
-        raise ValueError(f"--jobs={jobs}: must be >= 1")
+    check(jobs >= 1, "--jobs", jobs, "must be >= 1")
     out = Path(cfg.out)
+    check(not out.is_file(), "--out", str(out), "is an existing file; give a folder")
     pairs = _pair_configs(cfg, parser, fit_parser, out, algorithms, seeds, jobs)
     todo = [p for p in pairs if not _finished(p)]
     console.print(f"[bold]cosmos-pl compare[/bold]: {len(pairs)} pairs ({', '.join(dict.fromkeys(algorithms))} x "

@@ -8,6 +8,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 
 from cosmos_pl.data import ClientData
+from cosmos_pl.errors import check
 
 __all__ = ["ClientConfig", "Client"]
 
@@ -37,6 +38,14 @@ class ClientConfig:
     batch_size: int = 64
     optimizer: OptimizerCallable = _adam(1e-3)
     distill_optimizer: OptimizerCallable = _adam(1e-4)
+
+    def __post_init__(self) -> None:
+        """Raises ConfigError for a value out of range (names and optimizers: ``cosmos_pl.config.validate_config``)."""
+        check(len(self.backbones) > 0, "clients.backbones", self.backbones, "give at least one timm or torchvision name")
+        for key in ("pretrain_epochs", "local_epochs", "distill_epochs"):
+            value = getattr(self, key)
+            check(value >= 0, f"clients.{key}", value, "must be >= 0 epochs")
+        check(self.batch_size >= 1, "clients.batch_size", self.batch_size, "must be >= 1 (>= 2 for BatchNorm backbones)")
 
 
 @dataclass

@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterator, Literal, Optional, Sequence, Union
 
 import torch
 
+from cosmos_pl.errors import ConfigError, check
+
 __all__ = ["ExecutorConfig", "Executor", "Task", "resolve_devices"]
 
 Task = tuple[Callable[..., Any], dict[str, Any]]
@@ -39,37 +41,47 @@ class ExecutorConfig:
     workers_per_device: int = 1
     threads_per_worker: Optional[int] = None
 
+    def __post_init__(self) -> None:
+        """Raises ConfigError for a value out of range (whether GPU ids exist is :func:`resolve_devices`'s check)."""
+        d = self.devices
+        check(d == "auto" or (isinstance(d, int) and d >= 1) or (isinstance(d, list) and d and min(d) >= 0),
+              "executor.devices", d, "use 'auto', a count >= 1, or a non-empty list of GPU ids >= 0")
+        check(self.workers_per_device >= 1, "executor.workers_per_device", self.workers_per_device, "must be >= 1")
+        check(self.threads_per_worker is None or self.threads_per_worker >= 1, "executor.threads_per_worker",
+              self.threads_per_worker, "must be >= 1, or null to split this machine's cores among the workers")
+
 
 def resolve_devices(devices: Union[str, int, list[int]], accelerator: str = "auto") -> list[Optional[int]]:
     """GPU ids to pin workers to; ``[None] * N`` for N CPU slots (always CPU slots when
     ``trainer.accelerator`` is ``"cpu"``, so a CPU run asks for the same slots on any machine).
 
     Raises:
-        ValueError: a bad value or GPU ids that do not exist, naming the field and the fix.
+        ConfigError: a bad value or GPU ids that do not exist, naming the field and the fix.
     """
     n_gpu = 0 if accelerator == "cpu" else torch.cuda.device_count()
     if devices == "auto":
         return list(range(n_gpu)) if n_gpu else [None]
     if isinstance(devices, int):
         if devices < 1:
-            raise ValueError(f"executor.devices={devices}: must be >= 1, a list of GPU ids, or 'auto'")
+            raise ConfigError(f"executor.devices={devices}: must be >= 1, a list of GPU ids, or 'auto'")
         if n_gpu:
             if devices > n_gpu:
-                raise ValueError(f"executor.devices={devices} but only {n_gpu} GPU(s) are visible")
+                raise ConfigError(f"executor.devices={devices} but only {n_gpu} GPU(s) are visible; "
+                                  f"give at most {n_gpu}, or 'auto'")
             return list(range(devices))
         return [None] * devices
     if isinstance(devices, list) and devices:
         bad = [d for d in devices if not 0 <= d < n_gpu]
         if bad:
-            raise ValueError(f"executor.devices={devices}: GPU ids {bad} do not exist ({n_gpu} visible); use 'auto'")
+            raise ConfigError(f"executor.devices={devices}: GPU ids {bad} do not exist ({n_gpu} visible); use 'auto'")
         return list(devices)
-    raise ValueError(f"executor.devices={devices!r}: use 'auto', a count, or a list of GPU ids")
+    raise ConfigError(f"executor.devices={devices!r}: use 'auto', a count, or a list of GPU ids")
 
 
 def _threads(cfg: ExecutorConfig, workers: int) -> int:
     if cfg.threads_per_worker is not None:
         if cfg.threads_per_worker < 1:
-            raise ValueError(f"executor.threads_per_worker={cfg.threads_per_worker}: must be >= 1 or null")
+            raise ConfigError(f"executor.threads_per_worker={cfg.threads_per_worker}: must be >= 1 or null")
         return cfg.threads_per_worker
     return max(1, (os.cpu_count() or 1) // workers)
 
@@ -97,7 +109,7 @@ class Executor:
 
     def __init__(self, cfg: ExecutorConfig, accelerator: str = "auto") -> None:
         if cfg.workers_per_device < 1:
-            raise ValueError(f"executor.workers_per_device={cfg.workers_per_device}: must be >= 1")
+            raise ConfigError(f"executor.workers_per_device={cfg.workers_per_device}: must be >= 1")
         self.cfg = cfg
         self.slots = resolve_devices(cfg.devices, accelerator) * cfg.workers_per_device
         self.parallel = cfg.kind == "parallel" and len(self.slots) > 1

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler
 from torchmetrics.classification import MulticlassAccuracy
 
+from cosmos_pl.errors import check
 from cosmos_pl.modules import DistillationModule, JointModule, SupervisedModule
 from cosmos_pl.modules.base import OptimizerFactory
 from cosmos_pl.transforms import Transformations, prepare
@@ -82,6 +83,10 @@ class TrainerConfig:
     inference_batch_size: int = 1024
     channels_last: bool = True
     compile: bool = False
+
+    def __post_init__(self) -> None:
+        """Raises ConfigError for a batch size < 1 (whether CUDA exists: ``cosmos_pl.config.validate_config``)."""
+        check(self.inference_batch_size >= 1, "trainer.inference_batch_size", self.inference_batch_size, "must be >= 1")
 
 
 def resolve_device(accelerator: str) -> torch.device:
