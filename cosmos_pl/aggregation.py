@@ -33,6 +33,5 @@ def aggregate(pseudo_labels: torch.Tensor, rule: Literal["mean", "median", "max"
     else:
         out = p.max(dim=0).values
     sums = out.sum(dim=1, keepdim=True)
-    mean = p.mean(dim=0)
-    out = torch.where(sums > 0, out / sums.clamp_min(1e-12), mean)
-    return out
+    # divide by the true sum however small (a clamp such as 1e-12 left rows summing to far less than 1)
+    return torch.where(sums > 0, out / torch.where(sums > 0, sums, torch.ones_like(sums)), p.mean(dim=0))

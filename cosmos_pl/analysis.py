@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 # Columns that hold integers / free text; every other column is parsed as float.
-_INT_COLUMNS = {"round", "client", "cluster", "num_clusters"}
+_INT_COLUMNS = {"round", "client", "cluster", "num_clusters", "personalized_acc_clients"}
 _TEXT_COLUMNS = {"phase", "backbone"}
 
 
@@ -281,6 +281,9 @@ def headline(run) -> str:
         f"final client accuracy:  {_fmt(client.get('mean'))} ± {_fmt(client.get('sem'))}",
         f"local-only client accuracy (round 0): {_fmt(_local_only_acc(run))}",
     ]
+    covered, total = (final.get("personalized_acc") or {}).get("clients"), summary.get("num_clients")
+    if covered is not None and total is not None and covered < total:  # clients without test samples
+        lines.append(f"means over the {covered} of {total} clients with test samples (the others: undefined)")
     top5 = [r for r in run.get("metrics") or [] if r.get("teacher_top5_mean") is not None]
     if top5:  # only written for data sets with >= 20 classes
         last = max(top5, key=lambda r: r["round"])

@@ -12,6 +12,8 @@ from typing import Literal, Union
 import numpy as np
 import torch
 
+from cosmos_pl.errors import DataError, DivergenceError
+
 __all__ = ["pairwise_distances", "greedy_clustering", "otsu_threshold", "silhouette_threshold", "resolve_b0", "B0"]
 
 B0 = Union[float, Literal["auto", "otsu", "inf"]]
@@ -29,15 +31,24 @@ def pairwise_distances(pseudo_labels: torch.Tensor, metric: Literal["l1", "l2"] 
         metric: "l1" (default) or "l2".
 
     Returns:
-        float64 ``[N, N]``, symmetric, zero diagonal.
+        float64 ``[N, N]``, symmetric, zero diagonal, finite and non-negative.
 
     Raises:
         ValueError: wrong rank or unknown metric.
+        DataError: n = 0 (an empty public set U: the distance is a mean over U, undefined on none).
+        DivergenceError: a client's pseudo-labels hold NaN or inf (naming the clients).
     """
     if pseudo_labels.dim() != 3:
         raise ValueError(f"pseudo_labels must be [N, n, M], got shape {tuple(pseudo_labels.shape)}")
     if metric not in ("l1", "l2"):
         raise ValueError(f"distance={metric!r}: use 'l1' (paper) or 'l2'")
+    if pseudo_labels.shape[1] == 0:
+        raise DataError("the public set U is empty (pseudo-labels [N, 0, M]): client distances are means over U and "
+                        "undefined without it; set data.public_fraction > 0 (U needs at least 2 samples)")
+    bad = (~torch.isfinite(pseudo_labels)).flatten(1).any(dim=1).nonzero().flatten().tolist()
+    if bad:
+        raise DivergenceError(f"client(s) {bad} uploaded pseudo-labels holding NaN or inf: they cannot be clustered; "
+                              "their training diverged (lower the learning rate or check the data)")
     p = pseudo_labels.double()
     n_clients, n = p.shape[0], p.shape[1]
     out = np.zeros((n_clients, n_clients))

@@ -11,17 +11,21 @@ from rich.table import Table
 __all__ = ["mean_sem", "round_table"]
 
 
-def mean_sem(values: Sequence[float]) -> dict[str, float]:
-    """``{"mean", "sem"}`` over clients; SEM = sample std (ddof=1) / sqrt(N), 0 for a single client."""
-    vals = [float(v) for v in values]
-    if not vals:
-        return {"mean": math.nan, "sem": math.nan}
+def mean_sem(values: Sequence[float | None]) -> dict[str, float]:
+    """``{"mean", "sem", "n"}`` over clients (or seeds); SEM = sample std (ddof=1) / sqrt(n), 0 for n = 1.
+
+    Undefined values (None or NaN, e.g. the accuracy of a client without test samples) are skipped: ``n``
+    counts the values averaged. With none defined, mean and SEM are NaN and n is 0.
+    """
+    vals = [float(v) for v in values if v is not None and not math.isnan(float(v))]
     n = len(vals)
+    if not vals:
+        return {"mean": math.nan, "sem": math.nan, "n": 0}
     mean = sum(vals) / n
     if n == 1:
-        return {"mean": mean, "sem": 0.0}
+        return {"mean": mean, "sem": 0.0, "n": 1}
     var = sum((v - mean) ** 2 for v in vals) / (n - 1)
-    return {"mean": mean, "sem": math.sqrt(var / n)}
+    return {"mean": mean, "sem": math.sqrt(var / n), "n": n}
 
 
 def _fmt(mean: Any, sem: Any) -> str:

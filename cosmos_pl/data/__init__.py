@@ -13,9 +13,10 @@ from .datasets import (
     ImageFolderData,
     NpzData,
     TinyImageNet,
+    check_image_data,
     get_dataset,
 )
-from .federation import ClientData, Federation, build_federation
+from .federation import MIN_TRAIN_SAMPLES, ClientData, Federation, build_federation
 from .partition import (
     IID,
     Dirichlet,
@@ -41,6 +42,8 @@ __all__ = [
     "CIFAR10Subset",
     "DATASETS",
     "get_dataset",
+    "check_image_data",
+    "MIN_TRAIN_SAMPLES",
     "Partition",
     "Partitioner",
     "GroupDirichlet",

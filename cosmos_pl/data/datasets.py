@@ -4,7 +4,9 @@ Each data set is a small class whose ``__init__`` takes typed keyword settings, 
 configs can choose it with ``class_path`` / ``init_args`` (jsonargparse). ``load()``
 returns an :class:`ImageData`. A data set that cannot be found (no files, and download
 off or failing offline) raises ``FileNotFoundError`` naming the paths looked at and how
-to get the data.
+to get the data. Every loaded :class:`ImageData` is checked on construction
+(:func:`check_image_data`): a broken archive fails at load with a ``DataError`` naming the
+data set, the file and the field, not minutes into training.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from cosmos_pl.errors import ConfigError, DataError
+
 __all__ = [
     "ImageData",
+    "check_image_data",
     "ImageDataset",
     "FashionMNIST",
     "Digits",
@@ -41,6 +46,9 @@ __all__ = [
 class ImageData:
     """A labelled image-classification data set held in memory as uint8 tensors.
 
+    Every instance is checked on construction (:func:`check_image_data`), so every loader's ``load()``
+    goes through the same checks before any partition or training.
+
     Attributes:
         name: short name of the data set.
         x_train: uint8 [N, C, H, W] training images.
@@ -48,6 +56,10 @@ class ImageData:
         x_test: uint8 [N_test, C, H, W] test images.
         y_test: int64 [N_test] test labels.
         classes: class names; label k is ``classes[k]``.
+        source: the file or folder the data came from (named in error messages), or "".
+
+    Raises:
+        DataError: see :func:`check_image_data`.
     """
 
     name: str
@@ -56,6 +68,10 @@ class ImageData:
     x_test: torch.Tensor
     y_test: torch.Tensor
     classes: list[str]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        check_image_data(self)
 
     @property
     def num_classes(self) -> int:
@@ -76,16 +92,63 @@ class ImageData:
         return int(self.x_train.shape[2]), int(self.x_train.shape[3])
 
 
+def _where(name: str, source: str) -> str:
+    return f"data set {name!r}" + (f" ({source})" if source else "")
+
+
+def check_image_data(data: ImageData) -> None:
+    """Check a loaded data set before anything is partitioned or trained.
+
+    Both splits: images uint8 ``[N, C, H, W]`` with N >= 1 (no empty split), labels int64 ``[N]`` (as many
+    as images) within ``0 .. len(classes) - 1``; the test images have the training images' C, H and W;
+    ``classes`` is not empty.
+
+    Raises:
+        DataError: naming the data set, its file or folder, the field (``x_train``, ``y_test``,
+            ``classes``, ...), what is wrong and the fix.
+    """
+    where = _where(data.name, data.source)
+    m = len(data.classes)
+    if m == 0:
+        raise DataError(f"{where}: field classes is empty: list the class names (label k is classes[k])")
+    for split in ("train", "test"):
+        x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.uint8 or x.dim() != 4:
+            raise DataError(f"{where}: field x_{split} must be a uint8 tensor [N, C, H, W], got "
+                            f"{getattr(x, 'dtype', type(x).__name__)} of shape {tuple(getattr(x, 'shape', ()))}")
+        if not isinstance(y, torch.Tensor) or y.dtype != torch.int64 or y.dim() != 1:
+            raise DataError(f"{where}: field y_{split} must be an int64 tensor [N] of class indices, got "
+                            f"{getattr(y, 'dtype', type(y).__name__)} of shape {tuple(getattr(y, 'shape', ()))}")
+        if len(x) != len(y):
+            raise DataError(f"{where}: x_{split} holds {len(x)} images but y_{split} holds {len(y)} labels: "
+                            "give one label per image")
+        if len(y) == 0:
+            raise DataError(f"{where}: the {split} split is empty (x_{split} has 0 images): "
+                            f"the {split} split needs at least one image")
+        if min(x.shape[1:]) < 1:
+            raise DataError(f"{where}: field x_{split} has shape {tuple(x.shape)}: C, H and W must be >= 1")
+        lo, hi = int(y.min()), int(y.max())
+        if lo < 0 or hi >= m:
+            bad = lo if lo < 0 else hi
+            raise DataError(f"{where}: field y_{split} holds label {bad}, outside 0..{m - 1} of the {m} names in "
+                            f"classes: labels index classes; fix the labels or list every class")
+    if data.x_test.shape[1:] != data.x_train.shape[1:]:
+        (c, h, w), (ct, ht, wt) = data.x_train.shape[1:], data.x_test.shape[1:]
+        raise DataError(f"{where}: field x_test has images of C x H x W = {ct} x {ht} x {wt} but x_train has "
+                        f"{c} x {h} x {w}: both splits need the same channel count and image size")
+
+
 class ImageDataset:
     """Base class of the data sets selectable in configs."""
 
     name: str = "dataset"
 
     def load(self) -> ImageData:
-        """Load both splits into memory.
+        """Load both splits into memory; the result passes :func:`check_image_data` (ImageData checks itself).
 
         Raises:
             FileNotFoundError: the data set is not on disk and could not be downloaded.
+            DataError: the files hold data that cannot be trained on (shapes, dtypes, labels, empty split).
         """
         raise NotImplementedError
 
@@ -99,19 +162,49 @@ def _missing(name: str, looked_at: list, how: str, cause: BaseException | None =
     return FileNotFoundError(msg)
 
 
-def _from_numpy(name: str, x_train, y_train, x_test, y_test, classes, channels_last: bool) -> ImageData:
-    """Convert [N,H,W] or [N,H,W,C] (channels_last) / [N,C,H,W] arrays to ImageData."""
+def _from_numpy(name: str, x_train, y_train, x_test, y_test, classes, channels_last: bool,
+                source: str = "") -> ImageData:
+    """Convert [N,H,W] or [N,H,W,C] (channels_last) / [N,C,H,W] arrays to ImageData.
 
-    def images(x) -> torch.Tensor:
-        x = torch.as_tensor(np.asarray(x, dtype=np.uint8))
+    Nothing is converted silently: images must be uint8 (or integers within 0..255), labels integers.
+
+    Raises:
+        DataError: float or out-of-range images, non-integer or non-1-D labels, a channels-first array
+            given as channels-last, naming the data set, ``source`` and the field.
+    """
+    where = _where(name, source)
+
+    def images(field: str, x) -> torch.Tensor:
+        x = np.asarray(x)
+        if x.ndim not in (3, 4):
+            layout = "[N, H, W, C] or [N, H, W]" if channels_last else "[N, C, H, W] or [N, H, W]"
+            raise DataError(f"{where}: field {field} has shape {x.shape}; images must be {layout}")
+        if x.dtype != np.uint8:
+            if not np.issubdtype(x.dtype, np.integer):
+                raise DataError(f"{where}: field {field} has dtype {x.dtype}; images must be uint8 0..255: "
+                                "convert them, e.g. (x * 255).round().astype(np.uint8) for values in [0, 1]")
+            if x.size and (x.min() < 0 or x.max() > 255):
+                raise DataError(f"{where}: field {field} holds values {x.min()}..{x.max()}; images must lie "
+                                "in 0..255 (uint8)")
+        if x.ndim == 4 and channels_last and x.shape[-1] > 4 and x.shape[1] in (1, 3, 4):
+            raise DataError(f"{where}: field {field} has shape {x.shape}, which looks channels-first "
+                            f"[N, C, H, W]; this loader reads [N, H, W, C]: save x.transpose(0, 2, 3, 1)")
+        x = torch.as_tensor(x.astype(np.uint8, copy=False))
         if x.ndim == 3:  # grayscale without a channel axis
             return x.unsqueeze(1).contiguous()
         return x.permute(0, 3, 1, 2).contiguous() if channels_last else x.contiguous()
 
-    def labels(y) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(y)).to(torch.int64)
+    def labels(field: str, y) -> torch.Tensor:
+        y = np.asarray(y)
+        if y.ndim != 1:
+            raise DataError(f"{where}: field {field} has shape {y.shape}; labels must be 1-D [N]")
+        if y.size and not np.issubdtype(y.dtype, np.integer):
+            raise DataError(f"{where}: field {field} has dtype {y.dtype}; labels must be integer class indices: "
+                            "save them with .astype(np.int64)")
+        return torch.as_tensor(y.astype(np.int64, copy=False))
 
-    return ImageData(name, images(x_train), labels(y_train), images(x_test), labels(y_test), [str(c) for c in classes])
+    return ImageData(name, images("x_train", x_train), labels("y_train", y_train), images("x_test", x_test),
+                     labels("y_test", y_test), [str(c) for c in classes], source)
 
 
 def _torchvision_pair(name: str, make, root: str, download: bool, how: str, looked_at: list | None = None):
@@ -180,12 +273,13 @@ class FashionMNIST(ImageDataset):
                     plain.append(str(out))
                 xtr, ytr = read_image_file(plain[0]), read_label_file(plain[1])
                 xte, yte = read_image_file(plain[2]), read_label_file(plain[3])
-            return ImageData(self.name, xtr.unsqueeze(1), ytr, xte.unsqueeze(1), yte, classes)
+            return ImageData(self.name, xtr.unsqueeze(1), ytr, xte.unsqueeze(1), yte, classes, self.SYSTEM_DIR)
 
         how = "apt-get install dataset-fashion-mnist (offline Debian package)"
         looked_at = [self.SYSTEM_DIR, self.root]
         tr, te = _torchvision_pair("FashionMNIST", torchvision.datasets.FashionMNIST, self.root, self.download, how, looked_at)
-        return ImageData(self.name, tr.data.unsqueeze(1), tr.targets.long(), te.data.unsqueeze(1), te.targets.long(), classes)
+        return ImageData(self.name, tr.data.unsqueeze(1), tr.targets.long(), te.data.unsqueeze(1), te.targets.long(), classes,
+                         self.root)
 
 
 class Digits(ImageDataset):
@@ -201,7 +295,7 @@ class Digits(ImageDataset):
             split_seed: seed of the stratified train/test split.
         """
         if not 0 < test_fraction < 1:
-            raise ValueError(f"test_fraction={test_fraction}: must lie in (0, 1)")
+            raise ConfigError(f"data.dataset.init_args.test_fraction={test_fraction}: must lie in (0, 1)")
         self.test_fraction = test_fraction
         self.split_seed = split_seed
 
@@ -215,7 +309,8 @@ class Digits(ImageDataset):
         xtr, xte, ytr, yte = train_test_split(
             x, d.target, test_size=self.test_fraction, stratify=d.target, random_state=self.split_seed
         )
-        return _from_numpy(self.name, xtr, ytr, xte, yte, [str(k) for k in range(10)], channels_last=False)
+        return _from_numpy(self.name, xtr, ytr, xte, yte, [str(k) for k in range(10)], channels_last=False,
+                           source="sklearn.datasets.load_digits")
 
 
 class CIFAR10(ImageDataset):
@@ -247,7 +342,8 @@ class CIFAR10(ImageDataset):
         how = "put the torchvision copy under root, or use NpzData with ../shared/data/cifar10_subset.npz"
         tr, te = _torchvision_pair(type(self).__name__, self._factory(), self.root, self.download, how)
         # torchvision keeps CIFAR as HWC uint8 numpy arrays.
-        return _from_numpy(self.name, tr.data, tr.targets, te.data, te.targets, tr.classes, channels_last=True)
+        return _from_numpy(self.name, tr.data, tr.targets, te.data, te.targets, tr.classes, channels_last=True,
+                           source=self.root)
 
 
 class CIFAR100(CIFAR10):
@@ -301,14 +397,15 @@ class EMNISTBalanced(ImageDataset):
             # The raw EMNIST images are stored transposed; torchvision does not undo it.
             return x.transpose(-1, -2).unsqueeze(1).contiguous()
 
-        return ImageData(self.name, fix(tr.data), tr.targets.long(), fix(te.data), te.targets.long(), list(tr.classes))
+        return ImageData(self.name, fix(tr.data), tr.targets.long(), fix(te.data), te.targets.long(), list(tr.classes),
+                         self.root)
 
 
 def _decode_all(paths: list[str], image_size: int | None = None) -> torch.Tensor:
     """Decode image files to one uint8 [N, 3, H, W] tensor (RGB), resizing when asked.
 
     Raises:
-        ValueError: sizes differ and ``image_size`` is None.
+        DataError: sizes differ and ``image_size`` is None.
     """
     from torchvision.io import ImageReadMode, decode_image
     from torchvision.transforms.v2.functional import resize
@@ -319,7 +416,7 @@ def _decode_all(paths: list[str], image_size: int | None = None) -> torch.Tensor
         if image_size is not None:
             img = resize(img, [image_size, image_size], antialias=True)
         elif out and img.shape != out[0].shape:
-            raise ValueError(
+            raise DataError(
                 f"images differ in size: {paths[0]} is {tuple(out[0].shape[1:])}, {p} is"
                 f" {tuple(img.shape[1:])}; set image_size to resize them all"
             )
@@ -378,6 +475,7 @@ class TinyImageNet(ImageDataset):
             _decode_all([p for p, _ in val]),
             torch.tensor([y for _, y in val], dtype=torch.int64),
             list(train.classes),
+            str(base),
         )
 
 
@@ -403,7 +501,7 @@ class ImageFolderData(ImageDataset):
 
         Raises:
             FileNotFoundError: ``train/`` or ``test/`` is missing or holds no images.
-            ValueError: sizes differ and image_size is None, or test has unknown classes.
+            DataError: sizes differ and image_size is None, or test has unknown classes.
         """
         from torchvision.datasets import ImageFolder
 
@@ -415,7 +513,8 @@ class ImageFolderData(ImageDataset):
             raise _missing("ImageFolder", dirs, how, e) from e
         unknown = set(test.classes) - set(train.classes)
         if unknown:
-            raise ValueError(f"test/ has classes missing from train/: {sorted(unknown)}")
+            raise DataError(f"{Path(self.root) / 'test'} has classes missing from train/: {sorted(unknown)}: "
+                            "add them to train/ or remove them from test/")
         # Index test labels by train's class order (test/ may lack some classes).
         y_test = [train.class_to_idx[test.classes[y]] for y in test.targets]
         paths = [p for p, _ in train.samples] + [p for p, _ in test.samples]
@@ -428,6 +527,7 @@ class ImageFolderData(ImageDataset):
             x[n:],
             torch.tensor(y_test, dtype=torch.int64),
             list(train.classes),
+            str(self.root),
         )
 
 
@@ -451,20 +551,23 @@ class NpzData(ImageDataset):
 
         Raises:
             FileNotFoundError: the file does not exist.
-            KeyError: a required array is missing.
+            DataError: a required array is missing, or the arrays fail :func:`check_image_data` (shapes,
+                dtypes, label range), naming the file and the array.
         """
         if not Path(self.path).is_file():
             raise _missing("npz", [self.path], "pass path: to an .npz with x_train, y_train, x_test, y_test, classes")
         with np.load(self.path) as z:
             missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in z.files]
             if missing:
-                raise KeyError(f"{self.path} lacks arrays {missing}; it has {z.files}")
+                raise DataError(f"data set {Path(self.path).stem!r} ({self.path}) lacks arrays {missing}; it has "
+                                f"{z.files}: save x_train, y_train, x_test, y_test (and classes) with np.savez")
             ytr, yte = z["y_train"], z["y_test"]
             if "classes" in z.files:
                 classes = [str(c) for c in z["classes"]]
             else:
                 classes = [str(k) for k in range(int(max(ytr.max(initial=-1), yte.max(initial=-1))) + 1)]
-            return _from_numpy(Path(self.path).stem, z["x_train"], ytr, z["x_test"], yte, classes, channels_last=True)
+            return _from_numpy(Path(self.path).stem, z["x_train"], ytr, z["x_test"], yte, classes, channels_last=True,
+                               source=str(self.path))
 
 
 def balanced_subset(labels: np.ndarray, per_class: int, seed: int) -> np.ndarray:
@@ -472,14 +575,15 @@ def balanced_subset(labels: np.ndarray, per_class: int, seed: int) -> np.ndarray
     ``numpy.random.default_rng(seed)`` class by class in class order.
 
     Raises:
-        ValueError: a class has fewer than ``per_class`` samples.
+        ConfigError: a class has fewer than ``per_class`` samples.
     """
     rng = np.random.default_rng(seed)
     picked = []
     for c in range(int(labels.max()) + 1):
         idx = np.flatnonzero(labels == c)
         if len(idx) < per_class:
-            raise ValueError(f"per_class={per_class}: class {c} has only {len(idx)} samples")
+            raise ConfigError(f"data.dataset.init_args.per_class={per_class}: class {c} has only {len(idx)} samples;"
+                              " lower per_class")
         picked.append(rng.choice(idx, per_class, replace=False))
     return np.sort(np.concatenate(picked))
 
@@ -529,7 +633,7 @@ class CIFAR10Subset(ImageDataset):
         keep = balanced_subset(np.asarray(tr.targets), self.per_class, self.seed)
         return _from_numpy(f"{self.name} (torchvision, {self.per_class} per class, seed {self.seed})",
                            tr.data[keep], np.asarray(tr.targets)[keep], te.data, te.targets, tr.classes,
-                           channels_last=True)
+                           channels_last=True, source=self.root)
 
 
 DATASETS: dict[str, type[ImageDataset]] = {
@@ -549,10 +653,10 @@ def get_dataset(name: str, **kwargs) -> ImageDataset:
     """Instantiate a data set by short name, e.g. ``get_dataset("digits", split_seed=1)``.
 
     Raises:
-        ValueError: unknown name; the message lists the valid names and a close match.
+        ConfigError: unknown name; the message lists the valid names and a close match.
     """
     if name not in DATASETS:
         close = difflib.get_close_matches(name, list(DATASETS), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown dataset {name!r}; valid names: {sorted(DATASETS)}.{hint}")
+        raise ConfigError(f"unknown dataset {name!r}; valid names: {sorted(DATASETS)}.{hint}")
     return DATASETS[name](**kwargs)

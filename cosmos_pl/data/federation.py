@@ -4,19 +4,28 @@ The public set U is carved from the training split *before* partitioning and kee
 labels (reference pitfall 5: public code computed client weights from U's true labels).
 Each client gets a test set drawn from the test split to match its own training label
 distribution (reference pitfall 10).
+
+A federation that cannot be trained is refused here, before any training: every client
+needs at least ``MIN_TRAIN_SAMPLES`` = 2 training samples and a non-empty U at least 2
+samples, because BatchNorm (in every backbone) normalizes over the batch in training mode
+and fails on a batch of one sample. Larger sets never produce a batch of one: the training
+loaders drop a last batch of one sample (``cosmos_pl.federated.stages``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .datasets import ImageData
-from .partition import Partition, Partitioner
+from cosmos_pl.errors import ConfigError, DataError
 
-__all__ = ["ClientData", "Federation", "build_federation", "validation_split"]
+from .datasets import ImageData
+from .partition import MIN_TRAIN_SAMPLES, Partition, Partitioner
+
+__all__ = ["ClientData", "Federation", "build_federation", "validation_split", "MIN_TRAIN_SAMPLES"]
 
 # Stream tag for the subsample / public-set draws, so they do not reuse the partitioner's
 # default_rng(seed) stream nor a client's default_rng((seed, client_id)) test-set stream.
@@ -118,6 +127,50 @@ def validation_split(labels: np.ndarray, fraction: float, num_classes: int,
     return np.setdiff1d(np.arange(len(labels)), val_pos), val_pos
 
 
+def _check_public_size(public_fraction: float, n_public: int, n_train: int) -> None:
+    """Refuse a U of 1 sample, or of 0 samples when one was asked for (``public_fraction`` > 0)."""
+    if public_fraction > 0 and n_public < MIN_TRAIN_SAMPLES:
+        needed = math.ceil((MIN_TRAIN_SAMPLES - 0.5) / n_train * 1e6) / 1e6  # round_half_up(f * n) >= 2
+        hint = f"raise it to at least {needed:g}" if needed < 1 else "use a larger data set"
+        raise ConfigError(
+            f"data.public_fraction={public_fraction} gives a public set U of {n_public} of the {n_train} training"
+            f" samples; U needs at least {MIN_TRAIN_SAMPLES} (BatchNorm cannot train on a batch of one sample):"
+            f" {hint}, or 0 for an algorithm without U"
+        )
+
+
+def _check_client_sizes(sizes: list[int], partitioner: Partitioner, n_train: int, validation_fraction: float,
+                        max_train_samples: int | None) -> None:
+    """Refuse clients with fewer than ``MIN_TRAIN_SAMPLES`` training samples, before any training.
+
+    Raises:
+        DataError: naming the clients (at most 10, then a count), their sizes, the partitioner and the fixes.
+    """
+    small = [(i, n) for i, n in enumerate(sizes) if n < MIN_TRAIN_SAMPLES]
+    if not small:
+        return
+    listed = ", ".join(f"client {i}: {n}" for i, n in small[:10])
+    if len(small) > 10:
+        listed += f", and {len(small) - 10} more"
+    args = ", ".join(f"{k}={v!r}" for k, v in vars(partitioner).items())
+    fixes = [f"fewer data.num_clients (now {len(sizes)})"]
+    if hasattr(partitioner, "min_samples_per_client"):
+        fixes.insert(0, f"raise data.partitioner.init_args.min_samples_per_client to >= {MIN_TRAIN_SAMPLES}"
+                        f" (now {partitioner.min_samples_per_client})")
+    if hasattr(partitioner, "alpha"):
+        fixes.append(f"a larger data.partitioner.init_args.alpha (now {partitioner.alpha})")
+    if max_train_samples is not None:
+        fixes.append(f"a larger data.max_train_samples (now {max_train_samples})")
+    if validation_fraction > 0:
+        fixes.append(f"a smaller data.validation_fraction (now {validation_fraction})")
+    raise DataError(
+        f"the partition leaves {len(small)} client(s) with fewer than {MIN_TRAIN_SAMPLES} training samples"
+        f" ({listed}); a client needs {MIN_TRAIN_SAMPLES} to train (BatchNorm cannot train on a batch of one)."
+        f" Partitioner {type(partitioner).__name__}({args}) over data.num_clients={len(sizes)} clients and"
+        f" {n_train} training samples. Fix: " + ", or ".join(fixes)
+    )
+
+
 def build_federation(
     data: ImageData,
     partitioner: Partitioner,
@@ -161,22 +214,25 @@ def build_federation(
         The Federation; the same inputs and seed give identical tensors.
 
     Raises:
-        ValueError: num_clients < 1, public_fraction outside [0, 1),
-            test_samples_per_client < 1, max_train_samples < num_classes, or the
-            partitioner's own ValueError for an impossible partition.
+        ConfigError: num_clients < 1, public_fraction outside [0, 1), test_samples_per_client < 1,
+            max_train_samples < num_classes, a public_fraction > 0 that gives U fewer than 2 samples, or the
+            partitioner's own ConfigError for impossible settings.
+        DataError: a client left with fewer than ``MIN_TRAIN_SAMPLES`` = 2 training samples (after the
+            validation split), naming the clients, their sizes, the partitioner and the fix; or the
+            partitioner's own DataError.
     """
     if num_clients < 1:
-        raise ValueError(f"num_clients={num_clients}: need at least 1 client")
+        raise ConfigError(f"data.num_clients={num_clients}: need at least 1 client")
     if not 0 <= public_fraction < 1:
-        raise ValueError(f"public_fraction={public_fraction}: must lie in [0, 1)")
+        raise ConfigError(f"data.public_fraction={public_fraction}: must lie in [0, 1)")
     if test_samples_per_client < 1:
-        raise ValueError(f"test_samples_per_client={test_samples_per_client}: must be >= 1")
+        raise ConfigError(f"data.test_samples_per_client={test_samples_per_client}: must be >= 1")
     if not 0 <= validation_fraction < 1:
-        raise ValueError(f"data.validation_fraction={validation_fraction}: must lie in [0, 1)")
+        raise ConfigError(f"data.validation_fraction={validation_fraction}: must lie in [0, 1)")
     m = data.num_classes
     if max_train_samples is not None and max_train_samples < m:
-        raise ValueError(
-            f"max_train_samples={max_train_samples} is below num_classes={m}: raise it to"
+        raise ConfigError(
+            f"data.max_train_samples={max_train_samples} is below num_classes={m}: raise it to"
             f" at least {m} (or null for the full split)"
         )
 
@@ -191,6 +247,7 @@ def build_federation(
 
     perm = rng.permutation(keep)
     n_public = _round_half_up(public_fraction * len(keep))
+    _check_public_size(public_fraction, n_public, len(keep))
     public_idx, rest = np.sort(perm[:n_public]), np.sort(perm[n_public:])
 
     y_rest = y_all[rest]
@@ -224,6 +281,7 @@ def build_federation(
             x_val=None if val_idx is None else data.x_train[val_idx],
             y_val=None if val_idx is None else data.y_train[val_idx],
         ))
+    _check_client_sizes([len(c.y) for c in clients], partitioner, len(rest), validation_fraction, max_train_samples)
 
     return Federation(
         public_x=data.x_train[torch.from_numpy(public_idx)],

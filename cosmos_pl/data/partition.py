@@ -3,8 +3,14 @@
 Every partitioner is a pure function of ``(labels, settings, seed)``: it draws its
 randomness from ``np.random.default_rng(seed)`` only, so the same call always gives the
 same partition (reference pitfall 9). Every one terminates for every input, gives each
-sample to exactly one client and raises ``ValueError`` when a request is impossible
-(reference pitfall 8: public Dirichlet partitioners loop forever or produce NaN).
+sample to exactly one client (none is dropped) and raises a user error when a request is
+impossible (reference pitfall 8: public Dirichlet partitioners loop forever or produce NaN):
+``ConfigError`` for a setting no labels can meet, ``DataError`` for bad labels or a
+minimum client size these labels cannot meet. Both are ``ValueError``; messages name the
+dotted setting (``data.num_clients``, ``data.partitioner.init_args.alpha``, ...).
+
+``min_samples_per_client`` defaults to 2 (:data:`MIN_TRAIN_SAMPLES`): a client with one
+sample can only train on batches of one, which BatchNorm rejects.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from cosmos_pl.errors import ConfigError, DataError
 
 __all__ = [
     "Partition",
@@ -22,10 +30,15 @@ __all__ = [
     "GroupDirichlet",
     "Dirichlet",
     "IID",
+    "MIN_TRAIN_SAMPLES",
 ]
 
 # Bound on how often Dirichlet proportions are redrawn to meet min_samples_per_client.
 MAX_ATTEMPTS = 100
+# Fewest training samples a client can train on: BatchNorm normalizes over the batch in training mode and
+# fails on a batch of one sample, and a client with one sample only ever has batches of one.
+MIN_TRAIN_SAMPLES = 2
+_KEY = "data.partitioner.init_args."
 
 
 @dataclass
@@ -92,32 +105,30 @@ class Partition:
 def _check_labels(labels: np.ndarray) -> np.ndarray:
     labels = np.asarray(labels)
     if labels.ndim != 1:
-        raise ValueError(f"labels must be a 1-D array, got shape {labels.shape}")
+        raise DataError(f"labels must be a 1-D array, got shape {labels.shape}")
     if labels.size and not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"labels must be integers, got dtype {labels.dtype}")
+        raise DataError(f"labels must be integers, got dtype {labels.dtype}")
     if labels.size and labels.min() < 0:
-        raise ValueError("labels must be non-negative class indices")
+        raise DataError(f"labels must be non-negative class indices, got {labels.min()}")
     return labels.astype(np.int64)
 
 
 def _check_common(labels: np.ndarray, num_clients: int, min_samples_per_client: int) -> None:
     if num_clients < 1:
-        raise ValueError(f"num_clients={num_clients}: need at least 1 client")
+        raise ConfigError(f"data.num_clients={num_clients}: need at least 1 client")
     if min_samples_per_client < 0:
-        raise ValueError(
-            f"min_samples_per_client={min_samples_per_client}: must be >= 0"
-        )
+        raise ConfigError(f"{_KEY}min_samples_per_client={min_samples_per_client}: must be >= 0")
     if num_clients * min_samples_per_client > len(labels):
-        raise ValueError(
-            f"num_clients * min_samples_per_client = {num_clients} * {min_samples_per_client}"
-            f" = {num_clients * min_samples_per_client} exceeds the {len(labels)} samples"
-            " available: lower num_clients or min_samples_per_client"
+        raise ConfigError(
+            f"data.num_clients * {_KEY}min_samples_per_client = {num_clients} * {min_samples_per_client}"
+            f" = {num_clients * min_samples_per_client} exceeds the {len(labels)} training samples"
+            " available: lower data.num_clients or min_samples_per_client (or use more data)"
         )
 
 
 def _check_alpha(alpha: float) -> None:
     if not alpha > 0 or not np.isfinite(alpha):
-        raise ValueError(f"alpha={alpha}: the Dirichlet concentration must be finite and > 0")
+        raise ConfigError(f"{_KEY}alpha={alpha}: the Dirichlet concentration must be finite and > 0")
 
 
 def _proportions(rng: np.random.Generator, alpha: float, k: int) -> np.ndarray:
@@ -166,7 +177,7 @@ def group_dirichlet(
     num_groups: int = 5,
     alpha: float = 5.0,
     mix_fraction: float = 0.1,
-    min_samples_per_client: int = 1,
+    min_samples_per_client: int = MIN_TRAIN_SAMPLES,
     seed: int = 0,
 ) -> Partition:
     """Group-structured Dirichlet partition (COSMOS paper, Section 6).
@@ -184,37 +195,38 @@ def group_dirichlet(
         num_groups: number of client groups (= class groups).
         alpha: Dirichlet concentration within a group (larger = more even).
         mix_fraction: fraction of each client's samples pooled and redealt, in [0, 1).
-        min_samples_per_client: smallest acceptable final client size; proportions are
-            redrawn up to ``MAX_ATTEMPTS`` times to meet it.
+        min_samples_per_client: smallest acceptable final client size (default 2, see
+            ``MIN_TRAIN_SAMPLES``); proportions are redrawn up to ``MAX_ATTEMPTS`` times to meet it.
         seed: seed of ``np.random.default_rng``.
 
     Returns:
         A Partition with ``groups`` (int [num_clients]) and ``class_groups`` set.
 
     Raises:
-        ValueError: impossible settings (num_clients < 1 or < num_groups, num_groups
+        ConfigError: impossible settings (num_clients < 1 or < num_groups, num_groups
             larger than the number of classes present, alpha <= 0, mix_fraction outside
-            [0, 1), num_clients * min_samples_per_client > N), or min_samples_per_client
-            still unmet after ``MAX_ATTEMPTS`` draws.
+            [0, 1), num_clients * min_samples_per_client > N).
+        DataError: labels not 1-D non-negative integers, or min_samples_per_client still
+            unmet after ``MAX_ATTEMPTS`` draws.
     """
     labels = _check_labels(labels)
     _check_common(labels, num_clients, min_samples_per_client)
     if num_groups < 1:
-        raise ValueError(f"num_groups={num_groups}: need at least 1 group")
+        raise ConfigError(f"{_KEY}num_groups={num_groups}: need at least 1 group")
     if num_clients < num_groups:
-        raise ValueError(
-            f"num_clients={num_clients} < num_groups={num_groups}: every group needs a"
-            " client; raise num_clients or lower num_groups"
+        raise ConfigError(
+            f"data.num_clients={num_clients} < {_KEY}num_groups={num_groups}: every group needs a"
+            " client; raise data.num_clients or lower num_groups"
         )
     present = np.unique(labels)
     if num_groups > len(present):
-        raise ValueError(
-            f"num_groups={num_groups} exceeds the {len(present)} classes present in the"
+        raise ConfigError(
+            f"{_KEY}num_groups={num_groups} exceeds the {len(present)} classes present in the"
             " labels: groups of classes must be disjoint and non-empty; lower num_groups"
         )
     _check_alpha(alpha)
     if not 0 <= mix_fraction < 1:
-        raise ValueError(f"mix_fraction={mix_fraction}: must lie in [0, 1)")
+        raise ConfigError(f"{_KEY}mix_fraction={mix_fraction}: must lie in [0, 1)")
 
     rng = np.random.default_rng(seed)
     class_groups = [sorted(int(c) for c in g) for g in np.array_split(rng.permutation(present), num_groups)]
@@ -243,11 +255,11 @@ def group_dirichlet(
 
         if min(len(ix) for ix in final) >= min_samples_per_client:
             return Partition(final, groups=groups, class_groups=class_groups)
-    raise ValueError(
-        f"min_samples_per_client={min_samples_per_client} not met after {MAX_ATTEMPTS}"
-        f" Dirichlet draws (alpha={alpha}, num_clients={num_clients},"
-        f" num_groups={num_groups}, mix_fraction={mix_fraction}): raise alpha or"
-        " mix_fraction, or lower min_samples_per_client or num_clients"
+    raise DataError(
+        f"{_KEY}min_samples_per_client={min_samples_per_client} not met after {MAX_ATTEMPTS}"
+        f" Dirichlet draws (alpha={alpha}, data.num_clients={num_clients},"
+        f" num_groups={num_groups}, mix_fraction={mix_fraction}, {len(labels)} samples): raise"
+        " alpha or mix_fraction, or lower min_samples_per_client or data.num_clients"
     )
 
 
@@ -256,7 +268,7 @@ def dirichlet(
     num_clients: int,
     *,
     alpha: float = 0.5,
-    min_samples_per_client: int = 1,
+    min_samples_per_client: int = MIN_TRAIN_SAMPLES,
     seed: int = 0,
 ) -> Partition:
     """Common label-skew partition: each class split over all clients by Dirichlet(alpha).
@@ -265,16 +277,16 @@ def dirichlet(
         labels: int array [N] of class indices.
         num_clients: number of clients.
         alpha: Dirichlet concentration (larger = closer to IID).
-        min_samples_per_client: smallest acceptable client size; proportions are redrawn
-            up to ``MAX_ATTEMPTS`` times to meet it.
+        min_samples_per_client: smallest acceptable client size (default 2, see
+            ``MIN_TRAIN_SAMPLES``); proportions are redrawn up to ``MAX_ATTEMPTS`` times to meet it.
         seed: seed of ``np.random.default_rng``.
 
     Returns:
         A Partition (``groups`` and ``class_groups`` are None).
 
     Raises:
-        ValueError: num_clients < 1, alpha <= 0, num_clients * min_samples_per_client > N,
-            or min_samples_per_client still unmet after ``MAX_ATTEMPTS`` draws.
+        ConfigError: num_clients < 1, alpha <= 0, num_clients * min_samples_per_client > N.
+        DataError: bad labels, or min_samples_per_client still unmet after ``MAX_ATTEMPTS`` draws.
     """
     labels = _check_labels(labels)
     _check_common(labels, num_clients, min_samples_per_client)
@@ -289,10 +301,10 @@ def dirichlet(
         final = _finish(parts)
         if min(len(ix) for ix in final) >= min_samples_per_client:
             return Partition(final)
-    raise ValueError(
-        f"min_samples_per_client={min_samples_per_client} not met after {MAX_ATTEMPTS}"
-        f" Dirichlet draws (alpha={alpha}, num_clients={num_clients}): raise alpha, or"
-        " lower min_samples_per_client or num_clients"
+    raise DataError(
+        f"{_KEY}min_samples_per_client={min_samples_per_client} not met after {MAX_ATTEMPTS}"
+        f" Dirichlet draws (alpha={alpha}, data.num_clients={num_clients}, {len(labels)} samples):"
+        " raise alpha, or lower min_samples_per_client or data.num_clients"
     )
 
 
@@ -305,10 +317,13 @@ def iid(labels: np.ndarray, num_clients: int, *, seed: int = 0) -> Partition:
         seed: seed of ``np.random.default_rng``.
 
     Raises:
-        ValueError: num_clients < 1 or num_clients > N (a client would be empty).
+        ConfigError: num_clients < 1 or num_clients > N (a client would be empty).
     """
     labels = _check_labels(labels)
-    _check_common(labels, num_clients, 1)
+    _check_common(labels, num_clients, 0)
+    if num_clients > len(labels):
+        raise ConfigError(f"data.num_clients={num_clients} exceeds the {len(labels)} training samples: a client"
+                          " would be empty; lower data.num_clients (or use more data)")
     perm = np.random.default_rng(seed).permutation(len(labels))
     return Partition([np.sort(p).astype(np.int64) for p in np.array_split(perm, num_clients)])
 
@@ -332,7 +347,7 @@ class GroupDirichlet(Partitioner):
         num_groups: int = 5,
         alpha: float = 5.0,
         mix_fraction: float = 0.1,
-        min_samples_per_client: int = 1,
+        min_samples_per_client: int = MIN_TRAIN_SAMPLES,
     ) -> None:
         """Configure the partition.
 
@@ -342,7 +357,8 @@ class GroupDirichlet(Partitioner):
             alpha: Dirichlet concentration used to split a class among its group's clients.
             mix_fraction: fraction of each client's samples pooled and dealt to all
                 clients, in [0, 1).
-            min_samples_per_client: smallest acceptable client size.
+            min_samples_per_client: smallest acceptable client size (default 2: a client
+                needs two samples to train with BatchNorm).
         """
         self.num_groups = num_groups
         self.alpha = alpha
@@ -364,12 +380,13 @@ class GroupDirichlet(Partitioner):
 class Dirichlet(Partitioner):
     """Per-class Dirichlet label skew over all clients."""
 
-    def __init__(self, alpha: float = 0.5, min_samples_per_client: int = 1) -> None:
+    def __init__(self, alpha: float = 0.5, min_samples_per_client: int = MIN_TRAIN_SAMPLES) -> None:
         """Configure the partition.
 
         Args:
             alpha: Dirichlet concentration (larger = closer to IID).
-            min_samples_per_client: smallest acceptable client size.
+            min_samples_per_client: smallest acceptable client size (default 2: a client
+                needs two samples to train with BatchNorm).
         """
         self.alpha = alpha
         self.min_samples_per_client = min_samples_per_client

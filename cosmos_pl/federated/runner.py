@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -270,13 +271,18 @@ class Runner:
 
     # ----------------------------------------------------------------- evaluation
     def evaluate(self, rnd: int, phase: str, comm: Optional[dict[str, int]] = None) -> dict[str, Any]:
-        """Score every client on its own test set; record and return the round's row."""
+        """Score every client on its own test set; record and return the round's row.
+
+        A client with an empty test (or validation) set has an undefined (NaN) accuracy, never 0; the means
+        and SEMs over clients skip undefined values, and ``personalized_acc_clients`` counts the clients
+        averaged into the headline.
+        """
         m = self.fed.num_classes
         tasks, splits = [], []
         for c in self.clients:
             models = {"client": c.model, **self.algorithm.eval_models(c.id)}
             for split, x, y in (("test", c.data.x_test, c.data.y_test), ("val", c.data.x_val, c.data.y_val)):
-                if y is not None and len(y):
+                if y is not None:  # an empty set scores NaN (stages.evaluate)
                     tasks.append((evaluate_models, dict(models=models, x=x, y=y, num_classes=m, trainer=self.tcfg)))
                     splits.append((c.id, split))
         scores = {key: out for key, (_, out) in zip(splits, self.run_tasks(rnd, "evaluation", tasks))}
@@ -294,21 +300,26 @@ class Runner:
             per_client.append(row)
         info = self.algorithm.clustering_info() if rnd > 0 else None
         row: dict[str, Any] = {"round": rnd, "phase": phase, "num_clusters": info["K"] if info else None}
+        covered = {}
         for key in _ACC_KEYS:
             if key in per_client[0]:
-                vals = [r[key] for r in per_client if r[key] is not None]
-                stats = mean_sem(vals) if vals else {"mean": None, "sem": None}
-                row[f"{key}_mean"], row[f"{key}_sem"] = stats["mean"], stats["sem"]
+                stats = mean_sem([r[key] for r in per_client])  # skips None and NaN (no test samples)
+                row[f"{key}_mean"], row[f"{key}_sem"] = (stats["mean"], stats["sem"]) if stats["n"] else (None, None)
+                covered[key] = stats["n"]
         row.update(comm or {"upload_bytes_per_client": 0, "download_bytes_per_client": 0})
         scored = "teacher" if self.algorithm.scored == "teacher" and row["teacher_acc_mean"] is not None else "client"
         row["personalized_acc_mean"], row["personalized_acc_sem"] = row[f"{scored}_acc_mean"], row[f"{scored}_acc_sem"]
+        row["personalized_acc_clients"] = covered[f"{scored}_acc"]
         if f"{scored}_val_acc_mean" in row:
             row["personalized_val_acc_mean"] = row[f"{scored}_val_acc_mean"]
             row["personalized_val_acc_sem"] = row[f"{scored}_val_acc_sem"]
         row.update(self.stage_losses.get(rnd, {}))
         self.recorder.add_round(row, per_client)
-        teacher = "-" if row["teacher_acc_mean"] is None else f"{row['teacher_acc_mean']:.4f}"
-        self.console.print(f"round {rnd} ({phase}): teacher h_pi(i) {teacher}  client f_i {row['client_acc_mean']:.4f}")
+        teacher, client = ("-" if row[k] is None else f"{row[k]:.4f}" for k in ("teacher_acc_mean", "client_acc_mean"))
+        n = len(per_client)
+        note = "" if covered[f"{scored}_acc"] == n else \
+            f" (mean over {covered[f'{scored}_acc']} of {n} clients; the others have no test samples)"
+        self.console.print(f"round {rnd} ({phase}): teacher h_pi(i) {teacher}  client f_i {client}{note}")
         return row
 
     # ----------------------------------------------------------------- the run
@@ -340,10 +351,12 @@ class Runner:
             for key in ("personalized_acc", "personalized_val_acc", *_ACC_KEYS):
                 if f"{key}_mean" in row:
                     out[key] = {"mean": row[f"{key}_mean"], "sem": row[f"{key}_sem"]}
+            out["personalized_acc"]["clients"] = row.get("personalized_acc_clients")  # clients with a defined accuracy
             return out
 
         federated = rows[1:]
-        best = max(federated, key=lambda r: (r["personalized_acc_mean"], -r["round"]))
+        best = max(federated, key=lambda r: (-math.inf if r["personalized_acc_mean"] is None
+                                             else r["personalized_acc_mean"], -r["round"]))
         scored = "cluster teacher h_pi(i)" if self.algorithm.scored == "teacher" else "client model f_i"
         info = self.clusters_info
         up = [r["upload_bytes_per_client"] for r in federated]

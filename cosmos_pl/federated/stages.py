@@ -317,10 +317,13 @@ def predict_probs(model: nn.Module, x: torch.Tensor, trainer: TrainerConfig) -> 
 def evaluate(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, trainer: TrainerConfig
 ) -> dict[str, float]:
-    """Top-1 (and top-5 where M >= 20) accuracy of ``model`` on ``(x, y)`` as fractions, with torchmetrics."""
+    """Top-1 (and top-5 where M >= 20) accuracy of ``model`` on ``(x, y)`` as fractions, with torchmetrics;
+    NaN (undefined, never 0) on an empty set."""
     metrics = {"top1": MulticlassAccuracy(num_classes, top_k=1, average="micro")}
     if num_classes >= 20:
         metrics["top5"] = MulticlassAccuracy(num_classes, top_k=5, average="micro")
+    if len(y) == 0:
+        return {k: float("nan") for k in metrics}
     for start, logits in _batched_logits(model, x, trainer):
         target = y[start : start + len(logits)]
         for m in metrics.values():
