@@ -11,24 +11,29 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 venv: $(VENV)/.installed
 
+# The demo needs the package only; the tests add the `test` extra on top.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned to the release this project is tested with (CPU and CUDA alike)
-	$(PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.14.1 torchvision==0.29.1
+	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $@
 
 data: $(FMNIST)
 
+# apt-get update only when the package lists do not know the package yet (it takes a while)
 $(FMNIST):
-	$(SUDO) apt-get update -qq
-	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist || \
+	  { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; }
 
 demo: venv data
 	$(VENV)/bin/cosmos-pl fit --config configs/fmnist_quickstart.yaml
 
-test: venv data
+test: $(VENV)/.installed-test data
 	$(PY) -m pytest
 
 clean:
