@@ -8,6 +8,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 
 from cosmos_pl.data import ClientData
+from cosmos_pl.models import check_backbone_name
 
 __all__ = ["ClientConfig", "Client"]
 
@@ -28,6 +29,10 @@ class ClientConfig:
         batch_size: batch size of every client objective.
         optimizer: optimizer on labels (paper: Adam lr 1e-3).
         distill_optimizer: optimizer on pseudo-labels (paper: Adam lr 1e-4).
+
+    Raises:
+        ConfigError: an unknown backbone name (naming ``clients.backbones[i]`` and close names), when the
+            settings are read, before any data is loaded.
     """
 
     backbones: list[str] = field(default_factory=lambda: ["mobilenetv3_small_050", "lcnet_050"])
@@ -37,6 +42,10 @@ class ClientConfig:
     batch_size: int = 64
     optimizer: OptimizerCallable = _adam(1e-3)
     distill_optimizer: OptimizerCallable = _adam(1e-4)
+
+    def __post_init__(self) -> None:
+        for i, name in enumerate(self.backbones):
+            check_backbone_name(name, f"clients.backbones[{i}]")
 
 
 @dataclass
