@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional
 
 import torch
 
-from cosmos_pl.errors import ConfigError, check
+from cosmos_pl.errors import ConfigError, DivergenceError, check
 
 __all__ = ["CommunicationConfig", "pseudo_label_bytes", "hard_label_bytes", "state_dict_bytes", "Payload", "encode",
            "encode_hard", "decode", "UploadDtype"]
@@ -96,6 +96,19 @@ class Payload:
         return total
 
 
+def _check_finite(values: torch.Tensor, purpose: str) -> None:
+    """Raise :class:`DivergenceError` when pseudo-labels ``[n, M]`` (or ``[n, k]``) hold a NaN or an infinity."""
+    if values.is_floating_point():
+        finite = torch.isfinite(values)
+        rows = ~(finite.flatten(1).all(dim=1) if finite.dim() > 1 else finite)
+        if bool(rows.any()):
+            kind = "nan" if bool(torch.isnan(values).any()) else "inf"
+            raise DivergenceError(
+                f"pseudo-labels {purpose} [{', '.join(map(str, values.shape))}] are non-finite ({kind}) in "
+                f"{int(rows.sum())} of {len(values)} rows: the model that produced them diverged; lower the "
+                f"learning rates that trained it (clients.optimizer, clients.distill_optimizer)")
+
+
 def encode(probs: torch.Tensor, dtype: UploadDtype = "float32", top_k: Optional[int] = None) -> Payload:
     """Encode pseudo-labels ``[n, M]`` for upload.
 
@@ -104,11 +117,13 @@ def encode(probs: torch.Tensor, dtype: UploadDtype = "float32", top_k: Optional[
 
     Raises:
         ConfigError: unknown dtype or k outside [1, M].
+        DivergenceError: ``probs`` holds a NaN or an infinity (the model that produced them diverged).
     """
     if dtype not in _TORCH:
         raise ConfigError(f"communication.upload_dtype={dtype!r}: use float32, float16 or uint8")
     n, m = probs.shape
     pseudo_label_bytes(n, m, dtype, top_k)  # validates
+    _check_finite(probs, "to encode")
     p = probs.float()
     indices = None
     if top_k is not None and top_k < m:
@@ -119,7 +134,12 @@ def encode(probs: torch.Tensor, dtype: UploadDtype = "float32", top_k: Optional[
 
 
 def encode_hard(probs: torch.Tensor) -> Payload:
-    """Hard labels: the argmax class of each row of ``[n, M]``, as uint8 (M <= 256) or int16 indices ``[n]``."""
+    """Hard labels: the argmax class of each row of ``[n, M]``, as uint8 (M <= 256) or int16 indices ``[n]``.
+
+    Raises:
+        DivergenceError: ``probs`` holds a NaN or an infinity (its argmax would be meaningless).
+    """
+    _check_finite(probs, "to encode")
     m = probs.shape[1]
     labels = probs.argmax(dim=1).to(torch.uint8 if _index_bytes(m) == 1 else torch.int16)
     return Payload(labels, None, m, "index")
@@ -130,10 +150,15 @@ def decode(payload: Payload) -> torch.Tensor:
 
     Top-k rows: the kept probabilities are placed at their classes and the dropped mass ``1 - sum(kept)``
     is spread evenly over the other M - k classes (for k = M nothing is dropped). Every row is then divided
-    by its sum; a row that decodes to all zeros (possible with uint8) becomes uniform.
+    by its sum; a finite row that decodes to all zeros (possible with uint8) becomes uniform.
+
+    Raises:
+        DivergenceError: the payload holds a NaN or an infinity: it is never turned into uniform rows, which
+            would hide a diverged client (every distance 0, one cluster, chance accuracy).
     """
     if payload.dtype == "index":
         return torch.nn.functional.one_hot(payload.values.long(), payload.num_classes).float()
+    _check_finite(payload.values, "to decode")
     values = payload.values.float()
     if payload.dtype == "uint8":
         values = values / 255

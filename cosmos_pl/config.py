@@ -13,7 +13,6 @@ Every setting is checked before any data is loaded: each group's own ranges when
 
 from __future__ import annotations
 
-import difflib
 import functools
 import math
 from dataclasses import dataclass, field
@@ -135,20 +134,6 @@ class CompareConfig:
         check(self.jobs >= 1, "comparison.jobs", self.jobs, "must be >= 1")
 
 
-def _check_backbone(key: str, name: str) -> None:
-    """A timm or torchvision name that :func:`cosmos_pl.models.create_backbone` accepts."""
-    import timm
-
-    from cosmos_pl.models import TORCHVISION_BACKBONES, available_backbones
-
-    if name in TORCHVISION_BACKBONES or timm.is_model(name):
-        return
-    close = difflib.get_close_matches(name, available_backbones(), n=3)
-    hint = f"did you mean {', '.join(map(repr, close))}? " if close else ""
-    raise ConfigError(f"{key}={name!r}: unknown backbone; {hint}list timm names with timm.list_models('*pattern*'); "
-                      f"torchvision ones: {', '.join(TORCHVISION_BACKBONES)}")
-
-
 def _check_batch_of_one(key: str, batch_size: int, backbones: list[str]) -> None:
     """BatchNorm cannot train on batches of one sample: a batch size of 1 needs backbones without it."""
     if batch_size != 1:
@@ -206,12 +191,10 @@ def validate_config(init: Namespace) -> None:
         check(data.num_clients >= groups, "data.num_clients", data.num_clients,
               f"must be >= data.partitioner.init_args.num_groups={groups}: every group needs a client; "
               f"raise num_clients or lower num_groups")
-    for i, name in enumerate(clients.backbones):
-        _check_backbone(f"clients.backbones[{i}]", name)
+    # backbone names were checked when ClientConfig and the algorithm were built (check_backbone_name)
     _check_batch_of_one("clients.batch_size", clients.batch_size, list(clients.backbones))
     teacher = getattr(algorithm, "teacher_backbone", None)
     if teacher is not None:
-        _check_backbone("algorithm.init_args.teacher_backbone", teacher)
         _check_batch_of_one("algorithm.init_args.teacher_batch_size", algorithm.teacher_batch_size, [teacher])
     algorithm.validate(list(clients.backbones))
     _check_optimizer("clients.optimizer", clients.optimizer)

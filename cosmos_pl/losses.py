@@ -16,21 +16,24 @@ __all__ = ["apply_temperature", "adjust_to_prior", "kl_per_sample", "distillatio
 def apply_temperature(probs: torch.Tensor, temperature: float) -> torch.Tensor:
     """Re-temper pseudo-labels: ``p^(1/T) / sum(p^(1/T))`` per row; T=1 is the identity, T=0 one-hot argmax.
 
+    Each row's log-probabilities are shifted so its largest is 0 before dividing by T: however small T, the
+    largest entry stays finite and the result never holds NaN (it tends to the one-hot argmax, ties shared).
+
     Args:
         probs: ``[n, M]`` rows on the simplex.
         temperature: T >= 0 (COSMOS paper, Appendix D: T=0 means hard labels, T=1 the default).
 
     Raises:
-        ValueError: T < 0.
+        ValueError: T < 0 or not a number.
     """
-    if temperature < 0:
+    if not temperature >= 0:
         raise ValueError(f"temperature={temperature}: must be >= 0 (0 = hard labels, 1 = unchanged)")
     if temperature == 0:
         return F.one_hot(probs.argmax(dim=1), probs.shape[1]).to(probs.dtype)
     if temperature == 1:
         return probs
-    logits = torch.log(probs.clamp_min(1e-12)) / temperature
-    return torch.softmax(logits, dim=1)
+    log_p = torch.log(probs.clamp_min(1e-12))
+    return torch.softmax((log_p - log_p.amax(dim=1, keepdim=True)) / temperature, dim=1)
 
 
 def adjust_to_prior(probs: torch.Tensor, class_counts: torch.Tensor) -> torch.Tensor:

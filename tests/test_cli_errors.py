@@ -59,7 +59,7 @@ BAD_SETTINGS = [
     (["--algorithm.init_args.b0", "-1"], "algorithm.init_args.b0=-1.0"),
     (["--algorithm.init_args.ptc_epochs", "0"], "algorithm.init_args.ptc_epochs=0: must be >= 1"),
     (["--algorithm.init_args.teacher_backbone", "vgg17"], "algorithm.init_args.teacher_backbone='vgg17': unknown backbone"),
-    (["--clients.backbones", "[resnet19]"], "clients.backbones[0]='resnet19': unknown backbone; did you mean 'resnet18'"),
+    (["--clients.backbones", "[resnet19]"], "clients.backbones[0]='resnet19': unknown backbone. Did you mean one of: 'resnet18'"),
     (["--clients.optimizer.init_args.lr", "-1"], "clients.optimizer.init_args.lr=-1.0: must be finite and > 0"),
     (["--clients.distill_optimizer.init_args.lr", "0"], "clients.distill_optimizer.init_args.lr=0.0: must be finite"),
     (["--clients.optimizer.init_args.betas", "[1.5, 0.9]"], "clients.optimizer: the optimizer rejects its init_args"),

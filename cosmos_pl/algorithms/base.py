@@ -177,6 +177,11 @@ class Algorithm:
             ConfigError: they cannot run this algorithm (naming the setting and the fix).
         """
 
+    def server_backbones(self) -> dict[str, str]:
+        """The architectures the server builds, by dotted setting key (COSMOS:
+        ``{"algorithm.init_args.teacher_backbone": name}``); the runner tries each on the data before round 0."""
+        return {}
+
     def setup(self, ctx: FederationContext) -> None:
         """Keep ``ctx`` (the runner calls :meth:`validate` first)."""
         self.ctx = ctx

@@ -29,7 +29,7 @@ from cosmos_pl.communication import pseudo_label_bytes
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.stages import fit_distillation, predict_probs
 from cosmos_pl.losses import apply_temperature
-from cosmos_pl.models import count_parameters
+from cosmos_pl.models import check_backbone_name, count_parameters
 
 __all__ = ["COSMOS", "teacher_stage"]
 
@@ -40,10 +40,15 @@ def teacher_stage(model: nn.Module, cluster_labels: torch.Tensor, aggregation: s
                   x: torch.Tensor, **fit: Any) -> tuple[torch.Tensor, list[dict[str, float]]]:
     """A cluster teacher's round (Section 4.1 Step 3): aggregate its clients' pseudo-labels ``[G, n, M]``
     (mean/median/max), apply the temperature, fit Eq. 1 on U ``x`` ``[n, C, H, W]``, and return the teacher's
-    pseudo-labels on U ``[n, M]`` with its per-epoch losses. ``fit`` holds :func:`fit_distillation`'s keywords."""
+    pseudo-labels on U ``[n, M]`` with its per-epoch losses. ``fit`` holds :func:`fit_distillation`'s keywords
+    (``where`` names the teacher in error messages).
+
+    Raises:
+        DivergenceError: the teacher's training or its pseudo-labels are non-finite.
+    """
     target = apply_temperature(aggregate(cluster_labels, aggregation), temperature)
     losses = fit_distillation(model, x, target, **fit)
-    return predict_probs(model, x, fit["trainer"]), losses
+    return predict_probs(model, x, fit["trainer"], fit.get("where", "inference")), losses
 
 
 class COSMOS(Algorithm):
@@ -107,6 +112,7 @@ class COSMOS(Algorithm):
         check_setting("teacher_batch_size", teacher_batch_size, teacher_batch_size >= 1, ">= 1")
         check_setting("aggregation", aggregation, aggregation in AGGREGATIONS, f"one of {AGGREGATIONS}")
         check_setting("distance", distance, distance in ("l1", "l2"), "'l1' (paper) or 'l2'")
+        check_backbone_name(teacher_backbone, "algorithm.init_args.teacher_backbone")  # before any data is loaded
         if isinstance(b0, (int, float)):
             check_setting("b0", b0, not math.isnan(b0) and b0 >= 0, "a number >= 0, 'inf', 'auto' or 'otsu'")
         elif b0 not in ("auto", "otsu"):
@@ -125,6 +131,9 @@ class COSMOS(Algorithm):
         self.client_lambda_ = lambda_ if client_lambda_ is None else client_lambda_
 
     # ------------------------------------------------------------------ state
+    def server_backbones(self) -> dict[str, str]:
+        return {"algorithm.init_args.teacher_backbone": self.teacher_backbone}
+
     def setup(self, ctx) -> None:
         super().setup(ctx)
         self.clusters: list[list[int]] = []
@@ -181,8 +190,9 @@ class COSMOS(Algorithm):
         else:
             self._place_newcomers(ids, stacked)
         row = {i: j for j, i in enumerate(ids)}
-        optimizer = self.teacher_optimizer if ptc or self.teacher_finetune_optimizer is None \
-            else self.teacher_finetune_optimizer
+        finetune = not ptc and self.teacher_finetune_optimizer is not None
+        optimizer = self.teacher_finetune_optimizer if finetune else self.teacher_optimizer
+        optimizer_key = f"algorithm.init_args.teacher_{'finetune_' if finetune else ''}optimizer"
         epochs = self.ptc_epochs if ptc else self.teacher_epochs
         # a cluster with no upload this round keeps its teacher untouched
         trained = [k for k, members in enumerate(self.clusters) if any(i in row for i in members)]
@@ -195,7 +205,9 @@ class COSMOS(Algorithm):
                 temperature=self.temperature, x=public, epochs=epochs, batch_size=self.teacher_batch_size,
                 optimizer=optimizer, transformations=self.ctx.transformations, lam=self.lambda_,
                 num_views=self.num_views, trainer=self.ctx.trainer, seed=self.ctx.stage_seed(rnd, "teacher", k),
-                target_grad=self.consistency_target_grad, augment=self.teacher_augment)))
+                target_grad=self.consistency_target_grad, augment=self.teacher_augment,
+                where=f"round {rnd}, teacher distillation, teacher of cluster {k} (clients {self.clusters[k]})",
+                optimizer_key=optimizer_key)))
         costs = [count_parameters(self.teachers[k]) * len(public) * max(epochs, 1) for k in trained]
         results = self.ctx.run_tasks(rnd, "teacher distillation", tasks, costs, True)
         targets: dict[int, torch.Tensor] = {}

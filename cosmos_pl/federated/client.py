@@ -9,6 +9,7 @@ from torch import nn
 
 from cosmos_pl.data import ClientData
 from cosmos_pl.errors import check
+from cosmos_pl.models import check_backbone_name
 
 __all__ = ["ClientConfig", "Client"]
 
@@ -29,6 +30,10 @@ class ClientConfig:
         batch_size: batch size of every client objective.
         optimizer: optimizer on labels (paper: Adam lr 1e-3).
         distill_optimizer: optimizer on pseudo-labels (paper: Adam lr 1e-4).
+
+    Raises:
+        ConfigError: an unknown backbone name (naming ``clients.backbones[i]`` and close names), when the
+            settings are read, before any data is loaded.
     """
 
     backbones: list[str] = field(default_factory=lambda: ["mobilenetv3_small_050", "lcnet_050"])
@@ -46,6 +51,8 @@ class ClientConfig:
             value = getattr(self, key)
             check(value >= 0, f"clients.{key}", value, "must be >= 0 epochs")
         check(self.batch_size >= 1, "clients.batch_size", self.batch_size, "must be >= 1 (>= 2 for BatchNorm backbones)")
+        for i, name in enumerate(self.backbones):
+            check_backbone_name(name, f"clients.backbones[{i}]")
 
 
 @dataclass

@@ -39,7 +39,7 @@ from cosmos_pl.losses import adjust_to_prior
 from cosmos_pl.federated.stages import (
     TrainerConfig, evaluate_models, fit_distillation, fit_joint, fit_supervised, predict_probs, stage_seed,
 )
-from cosmos_pl.models import count_parameters, create_backbone
+from cosmos_pl.models import check_backbones, count_parameters, create_backbone
 from cosmos_pl.report import mean_sem
 from cosmos_pl.transforms import Transformations
 
@@ -78,6 +78,8 @@ class Runner:
 
     Raises:
         ValueError: bad settings, or a federation the algorithm cannot run (naming the field and the fix).
+        ConfigError: a client's or the server's backbone cannot take the data's images (a dry forward pass of
+            each distinct backbone before any model is trained, :func:`cosmos_pl.models.check_backbones`).
     """
 
     def __init__(self, federation: Federation, algorithm: Algorithm, clients: ClientConfig, *, rounds: int,
@@ -103,6 +105,10 @@ class Runner:
         self.clusters_info: dict[str, Any] = {}
         backbones = [clients.backbones[i % len(clients.backbones)] for i in range(federation.num_clients)]
         algorithm.validate(backbones)
+        used = range(min(len(clients.backbones), federation.num_clients))
+        check_backbones({**{f"clients.backbones[{j}]": clients.backbones[j] for j in used},
+                         **algorithm.server_backbones()},
+                        federation.num_classes, (federation.in_chans, *federation.image_shape))
         init_id = (lambda i: 0) if algorithm.shared_init else (lambda i: i)
         self.clients = [Client(i, name, self.make_backbone(name, stage_seed(seed, 0, "init", init_id(i))), data)
                         for i, (name, data) in enumerate(zip(backbones, federation.clients))]
@@ -154,7 +160,8 @@ class Runner:
             self._train(rnd, "local training", ids, lambda c: (fit_supervised, dict(
                 model=c.model, x=c.data.x, y=c.data.y, epochs=epochs, batch_size=self.ccfg.batch_size,
                 optimizer=self.ccfg.optimizer, transformations=self.transformations, trainer=self.tcfg,
-                seed=stage_seed(self.seed, rnd, "local", c.id))))
+                seed=stage_seed(self.seed, rnd, "local", c.id), where=f"round {rnd}, local training, client {c.id}",
+                optimizer_key="clients.optimizer")))
 
     def upload(self, rnd: int, kind: str, ids: list[int]) -> tuple[dict[int, Any], int]:
         """What the listed clients send: ``({id: decoded [n, M] or state dict}, bytes per client)``."""
@@ -162,7 +169,8 @@ class Runner:
             states = {i: {k: v.detach().clone() for k, v in self.clients[i].model.state_dict().items()
                           if v.is_floating_point()} for i in ids}
             return states, max(state_dict_bytes(s) for s in states.values())
-        tasks = [(predict_probs, dict(model=self.clients[i].model, x=self.public, trainer=self.tcfg)) for i in ids]
+        tasks = [(predict_probs, dict(model=self.clients[i].model, x=self.public, trainer=self.tcfg,
+                                      where=f"round {rnd}, pseudo-labels on U, client {i}")) for i in ids]
         costs = [count_parameters(self.clients[i].model) * len(self.public) for i in ids]
         results = self.run_tasks(rnd, "pseudo-labels", tasks, costs)
         payloads = {i: (encode_hard(probs) if kind == "hard" else encode(probs, self.comm.upload_dtype, self.comm.top_k))
@@ -179,21 +187,24 @@ class Runner:
             model=c.model, x=self.public, targets=targets[c.id], epochs=step.epochs, batch_size=self.ccfg.batch_size,
             optimizer=self.ccfg.distill_optimizer, transformations=self.transformations, lam=step.lam,
             num_views=step.num_views, trainer=self.tcfg, seed=stage_seed(self.seed, rnd, "distill", c.id),
-            target_grad=step.target_grad, augment=step.augment, freeze_bn=step.freeze_bn)))
+            target_grad=step.target_grad, augment=step.augment, freeze_bn=step.freeze_bn,
+            where=f"round {rnd}, client distillation, client {c.id}", optimizer_key="clients.distill_optimizer")))
 
     def joint_fit(self, rnd: int, step: JointFit, targets: dict[int, torch.Tensor], ids: list[int]) -> None:
         """CE on D_i + lambda * KL to the target on U in every step (COMET)."""
         self._train(rnd, "joint training", ids, lambda c: (fit_joint, dict(
             model=c.model, x=c.data.x, y=c.data.y, public=self.public, targets=targets[c.id], epochs=step.epochs,
             batch_size=self.ccfg.batch_size, optimizer=self.ccfg.optimizer, transformations=self.transformations,
-            lam=step.lam, trainer=self.tcfg, seed=stage_seed(self.seed, rnd, "joint", c.id))))
+            lam=step.lam, trainer=self.tcfg, seed=stage_seed(self.seed, rnd, "joint", c.id),
+            where=f"round {rnd}, joint training, client {c.id}", optimizer_key="clients.optimizer")))
 
     def union_fit(self, rnd: int, step: UnionFit, targets: dict[int, torch.Tensor], ids: list[int]) -> None:
         """CE on D_i together with U labelled by the target's argmax (FedCT)."""
         self._train(rnd, "co-training", ids, lambda c: (fit_supervised, dict(
             model=c.model, x=torch.cat([c.data.x, self.public]), y=torch.cat([c.data.y, targets[c.id].argmax(1)]),
             epochs=step.epochs, batch_size=self.ccfg.batch_size, optimizer=self.ccfg.optimizer,
-            transformations=self.transformations, trainer=self.tcfg, seed=stage_seed(self.seed, rnd, "union", c.id))))
+            transformations=self.transformations, trainer=self.tcfg, seed=stage_seed(self.seed, rnd, "union", c.id),
+            where=f"round {rnd}, co-training, client {c.id}", optimizer_key="clients.optimizer")))
 
     # ----------------------------------------------------------------- rounds
     def pretrain(self, cache: Optional[Path] = None, key: str = "") -> None:
@@ -283,7 +294,8 @@ class Runner:
             models = {"client": c.model, **self.algorithm.eval_models(c.id)}
             for split, x, y in (("test", c.data.x_test, c.data.y_test), ("val", c.data.x_val, c.data.y_val)):
                 if y is not None:  # an empty set scores NaN (stages.evaluate)
-                    tasks.append((evaluate_models, dict(models=models, x=x, y=y, num_classes=m, trainer=self.tcfg)))
+                    tasks.append((evaluate_models, dict(models=models, x=x, y=y, num_classes=m, trainer=self.tcfg,
+                                                        where=f"round {rnd}, evaluation ({split}), client {c.id}")))
                     splits.append((c.id, split))
         scores = {key: out for key, (_, out) in zip(splits, self.run_tasks(rnd, "evaluation", tasks))}
         per_client = []

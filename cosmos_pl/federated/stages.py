@@ -2,6 +2,10 @@
 
 Each stage is seeded from (experiment seed, round, stage, model id), so its numbers do not depend on
 what ran before it or where it runs (pitfall 9).
+
+Nothing non-finite passes silently: a training step's loss, a model's weights after a stage, the targets a stage
+trains on and every prediction are checked, and a :class:`~cosmos_pl.errors.DivergenceError` names the stage
+(``where``: round, stage, client or teacher), the step and the setting to change.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler
 from torchmetrics.classification import MulticlassAccuracy
 
-from cosmos_pl.errors import check
+from cosmos_pl.errors import DivergenceError, check
 from cosmos_pl.modules import DistillationModule, JointModule, SupervisedModule
-from cosmos_pl.modules.base import OptimizerFactory
+from cosmos_pl.modules.base import CosmosModule, OptimizerFactory
 from cosmos_pl.transforms import Transformations, prepare
 
 __all__ = [
@@ -34,6 +38,7 @@ __all__ = [
     "predict_probs",
     "evaluate",
     "evaluate_models",
+    "nonfinite_tensors",
     "resolve_device",
 ]
 
@@ -135,11 +140,53 @@ def _on_device(trainer: TrainerConfig, *tensors: torch.Tensor) -> tuple[torch.Te
     return tuple(t.to(device) for t in tensors) if device.type == "cuda" else tensors
 
 
-def _fit(module: pl.LightningModule, trainer: TrainerConfig, epochs: int, loader: Any) -> None:
+def _fit(module: CosmosModule, model: nn.Module, trainer: TrainerConfig, epochs: int, loader: Any) -> None:
+    """Train ``module`` (whose backbone is ``model``) for ``epochs``; then check ``model``'s weights are finite.
+
+    Raises:
+        DivergenceError: a step's loss (see :class:`CosmosModule`) or, after training, a weight or floating
+            buffer (e.g. BatchNorm statistics) is non-finite.
+    """
     if trainer.compile:
         module.backbone = torch.compile(module.backbone)  # shares the parameters of the model trained in place
     with _quiet_lightning():
         _trainer(trainer, epochs).fit(module, train_dataloaders=loader)
+    bad = nonfinite_tensors(model)
+    if bad:
+        others = f" and {len(bad) - 1} other tensors" if len(bad) > 1 else ""
+        raise module.diverged(f"after {epochs} epoch(s) the model's weights are non-finite ({bad[0]}{others}) "
+                              f"although every training loss was finite")
+
+
+def nonfinite_tensors(model: nn.Module) -> list[str]:
+    """Names of ``model``'s floating-point parameters and buffers holding a NaN or an infinity (one host sync)."""
+    named = [(k, t) for k, t in model.state_dict().items() if t.is_floating_point()]
+    if not named:
+        return []
+    finite = torch.stack([torch.isfinite(t).all().to(named[0][1].device) for _, t in named]).tolist()
+    return [k for (k, _), ok in zip(named, finite) if not ok]
+
+
+def _nonfinite_kind(t: torch.Tensor) -> str:
+    return "nan" if bool(torch.isnan(t).any()) else "inf"
+
+
+_PREDICTION_FIX = ("lower the learning rate of the stages that trained it (a client: "
+                   "clients.optimizer.init_args.lr, clients.distill_optimizer.init_args.lr; a teacher: "
+                   "algorithm.init_args.teacher_optimizer.init_args.lr)")
+
+
+def _check_targets(targets: torch.Tensor, where: str) -> None:
+    """Distillation targets ``[n, M]`` must be finite (they come from checked predictions; this guards the rest).
+
+    Raises:
+        DivergenceError: naming ``where`` and how many rows hold a NaN or an infinity.
+    """
+    rows = ~torch.isfinite(targets).all(dim=1)
+    if bool(rows.any()):
+        raise DivergenceError(f"{where}: the targets to train on are non-finite ({_nonfinite_kind(targets)}) in "
+                              f"{int(rows.sum())} of {len(targets)} rows: the model that produced them diverged; "
+                              f"{_PREDICTION_FIX}")
 
 
 def _trainer(cfg: TrainerConfig, epochs: int) -> pl.Trainer:
@@ -170,16 +217,23 @@ def fit_supervised(
     transformations: Transformations | None,
     trainer: TrainerConfig,
     seed: int,
+    where: str = "training",
+    optimizer_key: str = "",
 ) -> list[dict[str, float]]:
     """Train ``model`` in place with cross-entropy on ``x`` uint8 ``[n, C, H, W]``, ``y`` int64 ``[n]``.
 
-    Returns one dict per epoch with the mean training ``loss``.
+    ``where`` (e.g. ``"round 0, local training, client 3"``) and ``optimizer_key`` (e.g. ``"clients.optimizer"``)
+    name the stage and the setting in error messages. Returns one dict per epoch with the mean training ``loss``.
+
+    Raises:
+        DivergenceError: a step's loss, or the weights after training, are non-finite.
     """
     if epochs <= 0 or len(x) == 0:
         return []
     seed_everything(seed, verbose=False)
-    module = SupervisedModule(model, optimizer, transformations, channels_last=trainer.channels_last)
-    _fit(module, trainer, epochs, _loader(_on_device(trainer, x, y), batch_size, shuffle=True))
+    module = SupervisedModule(model, optimizer, transformations, channels_last=trainer.channels_last, where=where,
+                              optimizer_key=optimizer_key)
+    _fit(module, model, trainer, epochs, _loader(_on_device(trainer, x, y), batch_size, shuffle=True))
     model.cpu()
     return module.epoch_parts
 
@@ -201,21 +255,28 @@ def fit_distillation(
     target_grad: bool = False,
     augment: bool = False,
     freeze_bn: bool = False,
+    where: str = "training",
+    optimizer_key: str = "",
 ) -> list[dict[str, float]]:
     """Train ``model`` in place on U: ``x`` uint8 ``[n, C, H, W]``, soft ``targets`` ``[n, M]``, Eq. 1/2.
 
     ``weights`` ``[n]`` are the per-sample w_i(x) of Eq. 2 (default all ones); ``target_grad``, ``augment`` and
-    ``freeze_bn`` are :class:`DistillationModule`'s switches. Returns one dict per epoch with the mean ``loss``
-    and its parts ``kl`` and ``r_b`` (already weighted, before lambda).
+    ``freeze_bn`` are :class:`DistillationModule`'s switches; ``where`` and ``optimizer_key`` name the stage and
+    the setting in error messages. Returns one dict per epoch with the mean ``loss`` and its parts ``kl`` and
+    ``r_b`` (already weighted, before lambda).
+
+    Raises:
+        DivergenceError: non-finite targets, a non-finite step loss, or non-finite weights after training.
     """
     if epochs <= 0 or len(x) == 0:
         return []
+    _check_targets(targets, where)
     seed_everything(seed, verbose=False)
     w = torch.ones(len(x)) if weights is None else weights.float()
     module = DistillationModule(model, optimizer, transformations, lam=lam, num_views=num_views,
                                 channels_last=trainer.channels_last, target_grad=target_grad, augment=augment,
-                                freeze_bn=freeze_bn)
-    _fit(module, trainer, epochs, _loader(_on_device(trainer, x, targets.float(), w), batch_size, shuffle=True))
+                                freeze_bn=freeze_bn, where=where, optimizer_key=optimizer_key)
+    _fit(module, model, trainer, epochs, _loader(_on_device(trainer, x, targets.float(), w), batch_size, shuffle=True))
     model.cpu()
     return module.epoch_parts
 
@@ -268,19 +329,27 @@ def fit_joint(
     lam: float,
     trainer: TrainerConfig,
     seed: int,
+    where: str = "training",
+    optimizer_key: str = "",
 ) -> list[dict[str, float]]:
     """Train ``model`` in place on D_i = (``x`` uint8 ``[n_i, C, H, W]``, ``y`` ``[n_i]``) and U = ``public``
     ``[n, C, H, W]`` with soft ``targets`` ``[n, M]``: each step ``CE + lam * KL`` (COMET; :class:`JointModule`).
 
-    An epoch is one pass over D_i. Returns one dict per epoch with the mean ``loss``, ``ce`` and ``kl``.
+    An epoch is one pass over D_i; ``where`` and ``optimizer_key`` name the stage and the setting in error
+    messages. Returns one dict per epoch with the mean ``loss``, ``ce`` and ``kl``.
+
+    Raises:
+        DivergenceError: non-finite targets, a non-finite step loss, or non-finite weights after training.
     """
     if epochs <= 0 or len(x) == 0:
         return []
+    _check_targets(targets, where)
     seed_everything(seed, verbose=False)
-    module = JointModule(model, optimizer, transformations, lam=lam, channels_last=trainer.channels_last)
+    module = JointModule(model, optimizer, transformations, lam=lam, channels_last=trainer.channels_last, where=where,
+                         optimizer_key=optimizer_key)
     data = _JointBatches(*_on_device(trainer, x, y, public, targets.float()))
     loader = DataLoader(data, sampler=_PairedBatches(len(x), len(public), batch_size), batch_size=None, num_workers=0)
-    _fit(module, trainer, epochs, loader)
+    _fit(module, model, trainer, epochs, loader)
     model.cpu()
     return module.epoch_parts
 
@@ -293,7 +362,23 @@ def _autocast(device: torch.device, precision: str):
     return contextlib.nullcontext()
 
 
-def _batched_logits(model: nn.Module, x: torch.Tensor, trainer: TrainerConfig):
+def _nonfinite_logits_error(model: nn.Module, logits: torch.Tensor, start: int, n: int, where: str,
+                            precision: str) -> DivergenceError:
+    rows = ~torch.isfinite(logits).all(dim=1)
+    bad = nonfinite_tensors(model)
+    state = (f"its weights are non-finite ({bad[0]}{f' and {len(bad) - 1} others' if len(bad) > 1 else ''})" if bad
+             else "its weights are finite but so large that the activations overflow")
+    fix = _PREDICTION_FIX
+    if precision.startswith("16"):
+        fix += ", or use trainer.precision bf16-mixed or 32-true (float16 overflows above 65504)"
+    return DivergenceError(f"{where}: the model's outputs are non-finite ({_nonfinite_kind(logits)}) for "
+                           f"{int(rows.sum())} of the inputs {start}..{start + len(logits) - 1} (of {n}); {state}: "
+                           f"training diverged; {fix}")
+
+
+def _batched_logits(model: nn.Module, x: torch.Tensor, trainer: TrainerConfig, where: str = "inference"):
+    """Yield ``(start, float logits [b, M])`` per inference batch of ``x``; raise :class:`DivergenceError` at the
+    first batch with a non-finite logit."""
     device = resolve_device(trainer.accelerator)
     was_training = model.training
     model.eval().to(device)
@@ -303,28 +388,41 @@ def _batched_logits(model: nn.Module, x: torch.Tensor, trainer: TrainerConfig):
         with torch.inference_mode(), _autocast(device, trainer.precision):
             for start in range(0, len(x), trainer.inference_batch_size):
                 batch = x[start : start + trainer.inference_batch_size].to(device, non_blocking=True)
-                yield start, model(prepare(batch, channels_last=trainer.channels_last)).float()
+                logits = model(prepare(batch, channels_last=trainer.channels_last)).float()
+                if not bool(torch.isfinite(logits).all()):
+                    raise _nonfinite_logits_error(model, logits, start, len(x), where, trainer.precision)
+                yield start, logits
     finally:
         model.cpu().train(was_training)
 
 
-def predict_probs(model: nn.Module, x: torch.Tensor, trainer: TrainerConfig) -> torch.Tensor:
-    """Soft pseudo-labels ``softmax(model(x))``: uint8 ``[n, C, H, W]`` -> float32 ``[n, M]`` on the CPU."""
-    chunks = [logits.softmax(dim=1).cpu() for _, logits in _batched_logits(model, x, trainer)]
+def predict_probs(model: nn.Module, x: torch.Tensor, trainer: TrainerConfig, where: str = "inference") -> torch.Tensor:
+    """Soft pseudo-labels ``softmax(model(x))``: uint8 ``[n, C, H, W]`` -> float32 ``[n, M]`` on the CPU.
+
+    Raises:
+        DivergenceError: a logit is non-finite; the message starts with ``where`` (e.g. ``"round 1,
+            pseudo-labels on U, client 3"``).
+    """
+    chunks = [logits.softmax(dim=1).cpu() for _, logits in _batched_logits(model, x, trainer, where)]
     return torch.cat(chunks) if chunks else torch.empty(0)
 
 
 def evaluate(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, trainer: TrainerConfig
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, trainer: TrainerConfig,
+    where: str = "evaluation",
 ) -> dict[str, float]:
     """Top-1 (and top-5 where M >= 20) accuracy of ``model`` on ``(x, y)`` as fractions, with torchmetrics;
-    NaN (undefined, never 0) on an empty set."""
+    NaN (undefined, never 0) on an empty set.
+
+    Raises:
+        DivergenceError: a logit is non-finite (an accuracy over NaN outputs would be a silent chance level).
+    """
     metrics = {"top1": MulticlassAccuracy(num_classes, top_k=1, average="micro")}
     if num_classes >= 20:
         metrics["top5"] = MulticlassAccuracy(num_classes, top_k=5, average="micro")
     if len(y) == 0:
         return {k: float("nan") for k in metrics}
-    for start, logits in _batched_logits(model, x, trainer):
+    for start, logits in _batched_logits(model, x, trainer, where):
         target = y[start : start + len(logits)]
         for m in metrics.values():
             m.update(logits.cpu(), target)
@@ -332,6 +430,11 @@ def evaluate(
 
 
 def evaluate_models(models: dict[str, nn.Module], x: torch.Tensor, y: torch.Tensor, num_classes: int,
-                    trainer: TrainerConfig) -> dict[str, dict[str, float]]:
-    """Test accuracies of several models for one client (its own f_i, its cluster teacher h_pi(i), ...), by name."""
-    return {name: evaluate(model, x, y, num_classes, trainer) for name, model in models.items()}
+                    trainer: TrainerConfig, where: str = "evaluation") -> dict[str, dict[str, float]]:
+    """Test accuracies of several models for one client (its own f_i, its cluster teacher h_pi(i), ...), by name.
+
+    Raises:
+        DivergenceError: a model's logit is non-finite; the message names ``where`` and the model's name.
+    """
+    return {name: evaluate(model, x, y, num_classes, trainer, f"{where}, {name} model")
+            for name, model in models.items()}

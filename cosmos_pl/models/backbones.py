@@ -15,6 +15,10 @@ Every backbone maps a float image batch ``[B, in_chans, H, W]`` to logits
 ``[B, num_classes]``. For small inputs (``image_size <= 64``: 8x8 scikit-learn
 digits, 28x28 (Fashion-)MNIST, 32x32 CIFAR, 64x64 Tiny-ImageNet) the ImageNet stems
 are adapted as is customary for CIFAR, see :func:`create_backbone`.
+
+Names are checked as soon as the settings are read (:func:`check_backbone_name`), and every backbone is tried
+on the data's input shape before round 0 (:func:`check_backbones`), so a backbone that cannot take the images
+fails before any client trains.
 """
 
 from __future__ import annotations
@@ -22,14 +26,19 @@ from __future__ import annotations
 import difflib
 
 import timm
+import torch
 import torchvision
 from torch import nn
+
+from cosmos_pl.errors import ConfigError
 
 __all__ = [
     "TORCHVISION_BACKBONES",
     "SMALL_INPUT_MAX_SIZE",
     "available_backbones",
     "create_backbone",
+    "check_backbone_name",
+    "check_backbones",
     "kaiming_init_",
     "count_parameters",
 ]
@@ -107,15 +116,91 @@ def available_backbones() -> list[str]:
     return list(timm.list_models()) + list(TORCHVISION_BACKBONES)
 
 
-def _unknown_backbone_error(name: str) -> ValueError:
+def _is_backbone(name: object) -> bool:
+    return name in TORCHVISION_BACKBONES or (isinstance(name, str) and timm.is_model(name))
+
+
+def _unknown_backbone_hint(name: str) -> str:
     close = difflib.get_close_matches(name, available_backbones(), n=5)
     hint = f" Did you mean one of: {', '.join(repr(c) for c in close)}?" if close else ""
-    return ValueError(
-        f"Unknown backbone {name!r}.{hint} List timm architectures with "
+    return (
+        f"{hint} List timm architectures with "
         f"timm.list_models('*pattern*') (e.g. timm.list_models('*resnet*')), or all "
         f"accepted names with cosmos_pl.models.available_backbones(); torchvision "
         f"backbones: {', '.join(TORCHVISION_BACKBONES)}."
     )
+
+
+def _unknown_backbone_error(name: str) -> ConfigError:
+    return ConfigError(f"Unknown backbone {name!r}.{_unknown_backbone_hint(name)}")
+
+
+def check_backbone_name(name: str, key: str) -> None:
+    """Check, from the settings alone (before any data is loaded), that ``name`` is a backbone
+    :func:`create_backbone` can build.
+
+    Args:
+        name: the architecture name given in the settings.
+        key: its dotted setting key, e.g. ``"clients.backbones[1]"`` or ``"algorithm.init_args.teacher_backbone"``.
+
+    Raises:
+        ConfigError: ``"{key}='resnet18x': unknown backbone. Did you mean one of: 'resnet18', ...?"`` (up to 5
+            close names from ``timm.list_models()`` and torchvision's, by ``difflib``) and how to list them.
+    """
+    if not _is_backbone(name):
+        raise ConfigError(f"{key}={name!r}: unknown backbone.{_unknown_backbone_hint(str(name))}")
+
+
+def check_backbones(backbones: dict[str, str], num_classes: int, input_shape: tuple[int, int, int]) -> None:
+    """Dry-run every backbone on the data before training: each distinct name is built once on the CPU (as
+    :func:`create_backbone` builds it for this data) and fed a batch of 2 blank images ``[2, C, H, W]`` in
+    evaluation mode without gradients; it must return logits ``[2, M]``. The global random state is left as it
+    was, so a run's numbers do not change.
+
+    Args:
+        backbones: dotted setting key -> architecture name, e.g. ``{"clients.backbones[0]": "resnet18",
+            "algorithm.init_args.teacher_backbone": "vgg16"}``.
+        num_classes: M.
+        input_shape: the images' ``(C, H, W)``.
+
+    Raises:
+        ConfigError: an unknown name (see :func:`check_backbone_name`), or backbones that cannot be built for
+            these inputs, fail on them, or return another shape; one line naming every failing key, its name,
+            the input shape, the underlying error's first line, and the fix.
+    """
+    for key, name in backbones.items():
+        check_backbone_name(name, key)
+    c, h, w = input_shape
+    keys_of: dict[str, list[str]] = {}
+    for key, name in backbones.items():
+        keys_of.setdefault(name, []).append(key)
+    failures = []
+    with torch.random.fork_rng(devices=[]):
+        for name, keys in keys_of.items():
+            problem = _dry_run(name, num_classes, (c, h, w))
+            if problem:
+                failures.append(f"{' and '.join(keys)}={name!r} cannot take this data's images of shape "
+                                f"(C, H, W) = ({c}, {h}, {w}) with M = {num_classes} classes: {problem}")
+    if failures:
+        raise ConfigError("; ".join(failures) + ". Choose another backbone (small-input stems: timm ResNets, VGGs, "
+                          "MobileNet/EfficientNet/LCNet-style models, torchvision alexnet and squeezenet; see "
+                          "cosmos_pl.models.create_backbone), or use larger images (cosmos_pl.data.ImageFolderData "
+                          "resizes to its image_size)")
+
+
+def _dry_run(name: str, num_classes: int, input_shape: tuple[int, int, int]) -> str | None:
+    """None if backbone ``name`` maps ``[2, C, H, W]`` zeros to ``[2, M]`` logits, else what went wrong."""
+    c, h, w = input_shape
+    try:
+        model = create_backbone(name, num_classes, c, max(h, w)).eval()
+        with torch.no_grad():
+            out = model(torch.zeros(2, c, h, w))
+    except Exception as err:  # any failure here is the backbone's with these inputs, reported with its message
+        lines = str(err).strip().splitlines()
+        message = lines[0][:300].rstrip(". ") if lines else ""
+        return f"{type(err).__name__}: {message}" if message else type(err).__name__
+    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    return None if shape == (2, num_classes) else f"it returns {shape} instead of logits (2, {num_classes})"
 
 
 # ---------------------------------------------------------------------------
@@ -296,9 +381,9 @@ def create_backbone(name: str, num_classes: int, in_chans: int = 3, image_size: 
         ``[B, num_classes]``.
 
     Raises:
-        ValueError: ``name`` is not a timm or torchvision backbone (the message lists
-            up to 5 close names and how to list valid ones), or ``num_classes``,
-            ``in_chans`` or ``image_size`` is not a positive integer.
+        ConfigError: ``name`` is not a timm or torchvision backbone (the message lists
+            up to 5 close names and how to list valid ones).
+        ValueError: ``num_classes``, ``in_chans`` or ``image_size`` is not a positive integer.
     """
     for arg_name, value in (("num_classes", num_classes), ("in_chans", in_chans), ("image_size", image_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

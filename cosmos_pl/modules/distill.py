@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from cosmos_pl.losses import distillation_loss
-from cosmos_pl.modules.base import CosmosModule, OptimizerFactory
+from cosmos_pl.modules.base import LARGE_LAMBDA, CosmosModule, OptimizerFactory
 from cosmos_pl.transforms import Transformations
 
 
@@ -30,9 +30,11 @@ class DistillationModule(CosmosModule):
             augmented inputs supervised training sees.
         freeze_bn: keep BatchNorm layers in evaluation mode (running statistics neither used from the batch
             nor updated), so distilling on U does not replace statistics learned on the model's own data.
+        where, optimizer_key: name the stage and the optimizer setting in error messages (see :class:`CosmosModule`).
 
     Raises:
         ValueError: lam < 0, num_views < 1, or lam > 0 without transformations.
+        DivergenceError: a training step's loss is non-finite.
     """
 
     def __init__(
@@ -46,6 +48,8 @@ class DistillationModule(CosmosModule):
         target_grad: bool = False,
         augment: bool = False,
         freeze_bn: bool = False,
+        where: str = "training",
+        optimizer_key: str = "",
     ) -> None:
         if lam < 0:
             raise ValueError(f"lambda_={lam}: the weight of r_B must be >= 0")
@@ -53,12 +57,15 @@ class DistillationModule(CosmosModule):
             raise ValueError(f"num_views={num_views}: at least one view x' is needed")
         if lam > 0 and transformations is None:
             raise ValueError("lambda_ > 0 needs transformations to draw views x' in B(x); set lambda_: 0 or give transformations")
-        super().__init__(backbone, optimizer, transformations, channels_last)
+        super().__init__(backbone, optimizer, transformations, channels_last, where, optimizer_key)
         self.lam = lam
         self.num_views = num_views
         self.target_grad = target_grad
         self.augment = augment
         self.freeze_bn = freeze_bn
+
+    def _more_fixes(self) -> str:
+        return f", or lambda, the weight of r_B (now {self.lam:g})" if not self.lam <= LARGE_LAMBDA else ""  # NaN too
 
     def on_train_epoch_start(self) -> None:
         if self.freeze_bn:  # Lightning puts the model in train mode before each epoch

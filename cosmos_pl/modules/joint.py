@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cosmos_pl.losses import kl_per_sample
-from cosmos_pl.modules.base import CosmosModule, OptimizerFactory
+from cosmos_pl.modules.base import LARGE_LAMBDA, CosmosModule, OptimizerFactory
 from cosmos_pl.transforms import Transformations
 
 
@@ -20,16 +20,25 @@ class JointModule(CosmosModule):
     Source: Cho et al., "Communication-Efficient and Model-Heterogeneous Personalized Federated Learning
     via Clustered Knowledge Transfer" (COMET), IEEE JSTSP 2023, the client's local objective.
 
+    ``where`` and ``optimizer_key`` name the stage and the optimizer setting in error messages (see
+    :class:`CosmosModule`).
+
     Raises:
         ValueError: lam < 0.
+        DivergenceError: a training step's loss is non-finite.
     """
 
     def __init__(self, backbone: nn.Module, optimizer: OptimizerFactory, transformations: Transformations | None = None,
-                 lam: float = 1.0, channels_last: bool = False) -> None:
+                 lam: float = 1.0, channels_last: bool = False, where: str = "training",
+                 optimizer_key: str = "") -> None:
         if lam < 0:
             raise ValueError(f"lambda_={lam}: the weight of the distillation term must be >= 0")
-        super().__init__(backbone, optimizer, transformations, channels_last)
+        super().__init__(backbone, optimizer, transformations, channels_last, where, optimizer_key)
         self.lam = lam
+
+    def _more_fixes(self) -> str:
+        return f", or lambda, the weight of the distillation term (now {self.lam:g})" if not self.lam <= LARGE_LAMBDA \
+            else ""
 
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
         x, y, u, t = batch
