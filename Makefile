@@ -34,7 +34,7 @@ demo: venv data
 	$(VENV)/bin/cosmos-pl fit --config configs/fmnist_quickstart.yaml
 
 test: $(VENV)/.installed-test data
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

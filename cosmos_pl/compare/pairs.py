@@ -31,6 +31,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from cosmos_pl.algorithms import COSMOS, algorithm_class
 from cosmos_pl.compare.report import PairResult, write_report
 from cosmos_pl.config import check_seed, validate_config
+from cosmos_pl.federated.executor import available_cpus
 from cosmos_pl.errors import ConfigError, check
 from cosmos_pl.federated.run_directory import atomic_write_text
 
@@ -85,7 +86,7 @@ def _pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPa
     for key in _COMPARE_ONLY:
         base.pop(key, None)
     settings = dict(cfg.comparison.settings or {})
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    threads = max(1, available_cpus() // jobs)
     pairs = []
     for name in algorithms:
         cls = algorithm_class(name)

@@ -20,7 +20,7 @@ import torch
 
 from cosmos_pl.errors import ConfigError, check
 
-__all__ = ["ExecutorConfig", "Executor", "Task", "resolve_devices"]
+__all__ = ["ExecutorConfig", "Executor", "Task", "available_cpus", "resolve_devices"]
 
 Task = tuple[Callable[..., Any], dict[str, Any]]
 
@@ -78,12 +78,21 @@ def resolve_devices(devices: Union[str, int, list[int]], accelerator: str = "aut
     raise ConfigError(f"executor.devices={devices!r}: use 'auto', a count, or a list of GPU ids")
 
 
+def available_cpus() -> int:
+    """The CPU cores this process may run on: its affinity mask (``taskset``, a container's cpuset, a test
+    worker pinned to one core), else ``os.cpu_count()``."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity mask
+        return os.cpu_count() or 1
+
+
 def _threads(cfg: ExecutorConfig, workers: int) -> int:
     if cfg.threads_per_worker is not None:
         if cfg.threads_per_worker < 1:
             raise ConfigError(f"executor.threads_per_worker={cfg.threads_per_worker}: must be >= 1 or null")
         return cfg.threads_per_worker
-    return max(1, (os.cpu_count() or 1) // workers)
+    return max(1, available_cpus() // workers)
 
 
 def _init_worker(slots: Any, threads: int) -> None:
