@@ -23,13 +23,13 @@ from cosmos_pl.data import (
     ImageData,
     NpzData,
     Partition,
-    Partitioner,
     build_federation,
     dirichlet,
     group_dirichlet,
     iid,
 )
 from cosmos_pl.errors import ConfigError, DataError, UserError
+from test_data import FixedCounts  # the hand-made partitioner of test_data.py
 from cosmos_pl.federated.client import ClientConfig
 from cosmos_pl.federated.runner import Runner
 from cosmos_pl.federated.stages import TrainerConfig, evaluate
@@ -106,22 +106,6 @@ def test_round_mean_leaves_out_a_client_without_test_samples():
 # --------------------------------------------------------------------------- items 1b and 3: untrainable partitions
 
 
-class FixedCounts(Partitioner):
-    """Client i takes counts[i][c] samples of class c, in index order."""
-
-    def __init__(self, counts):
-        self.counts = counts
-
-    def __call__(self, labels, num_clients, seed):
-        taken, out = {}, []
-        for row in self.counts:
-            ix = []
-            for c, k in enumerate(row):
-                start = taken.get(c, 0)
-                ix.extend(np.flatnonzero(labels == c)[start:start + k])
-                taken[c] = start + k
-            out.append(np.sort(np.array(ix, dtype=np.int64)))
-        return Partition(out)
 
 
 def small_data(train_counts=(10, 10, 10), test_counts=(5, 5, 5)) -> ImageData:
