@@ -108,7 +108,7 @@ def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
     from cosmos_pl.federated.recorder import Recorder
     from cosmos_pl.federated.run_directory import RunDirectory
     from cosmos_pl.federated.runner import Runner
-    from cosmos_pl.report import print_table
+    from cosmos_pl.report import plot_run, print_table
     from cosmos_pl.tracking import Tracker
 
     console = Console()
@@ -152,6 +152,8 @@ def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
     finally:
         tracker.finish()
     print_table(runner.recorder.rows, console, title=f"{algorithm.name}: personalized accuracy per round")
+    plot_run(runner.recorder.rows, run_path / "accuracy_vs_round.png",
+             f"{algorithm.name} on {data.name}, seed {init.seed}: accuracy per round")
     final, local = summary["final"], summary["local_only"]
     teacher = final.get("teacher_acc", {}).get("mean")
     parts = [f"final round {final['round']}: {summary['scored_model']} "

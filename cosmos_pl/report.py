@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Sequence
 
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["mean_sem", "round_table"]
+__all__ = ["mean_sem", "round_table", "run_curves", "plot_run"]
 
 
 def mean_sem(values: Sequence[float | None]) -> dict[str, float]:
@@ -68,3 +69,57 @@ def round_table(rows: list[dict[str, Any]], title: str = "personalized accuracy 
 def print_table(rows: list[dict[str, Any]], console: Console | None = None,
                 title: str = "personalized accuracy per round") -> None:
     (console or Console()).print(round_table(rows, title))
+
+
+# (label, metrics.csv column prefix, line style): test solid, validation dashed
+_CURVES = [("teacher h_pi(i), test", "teacher_acc", "-"), ("client f_i, test", "client_acc", "-"),
+           ("teacher h_pi(i), validation", "teacher_val_acc", "--"), ("client f_i, validation", "client_val_acc", "--")]
+
+
+def _defined(value: Any) -> bool:
+    return value is not None and value != "" and not math.isnan(float(value))
+
+
+def run_curves(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, float, float]]]:
+    """The per-round curves of one run from its metrics.csv rows: ``{label: [(round, mean, sem), ...]}`` for the
+    teacher and client accuracy on the test and validation splits (mean ± SEM over clients). Rounds where a
+    curve is undefined (no teacher in round 0, no validation split) are left out; so is a curve with no round."""
+    curves: dict[str, list[tuple[int, float, float]]] = {}
+    for label, prefix, _ in _CURVES:
+        points = [(int(r["round"]), float(r[f"{prefix}_mean"]), float(r[f"{prefix}_sem"]))
+                  for r in rows if _defined(r.get(f"{prefix}_mean"))]
+        if points:
+            curves[label] = points
+    return curves
+
+
+def plot_run(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Write ``path`` (accuracy_vs_round.png): :func:`run_curves` as lines with a ± SEM band over clients, the
+    local-only level (round 0's client accuracy on test) as a dotted line. Written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.ticker import MaxNLocator
+
+    styles = {label: style for label, _, style in _CURVES}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, points in run_curves(rows).items():
+        x, mean, sem = (np.array(v) for v in zip(*points))
+        line, = ax.plot(x, mean, styles[label], marker="o", markersize=3, label=label)
+        ax.fill_between(x, mean - sem, mean + sem, alpha=0.15, color=line.get_color())
+    local = [r for r in rows if int(r["round"]) == 0 and _defined(r.get("client_acc_mean"))]
+    if local:
+        ax.axhline(float(local[0]["client_acc_mean"]), color="grey", linestyle=":", label="local-only (round 0), test")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_ylabel("mean personalized accuracy (top-1)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)

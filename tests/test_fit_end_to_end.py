@@ -27,7 +27,8 @@ def smoke_runs(repo_root, tmp_path_factory):
 
 def test_run_directory_files(smoke_runs):
     run_dir, summary = smoke_runs[0]
-    for name in ("config.yaml", "partition.json", "clusters.json", "metrics.csv", "clients.csv", "summary.json"):
+    for name in ("config.yaml", "partition.json", "clusters.json", "metrics.csv", "clients.csv", "summary.json",
+                 "accuracy_vs_round.png"):
         assert (run_dir / name).is_file(), name
     assert not list(run_dir.glob(".*.tmp")), "no half-written temp files are left behind"
     config = yaml.safe_load((run_dir / "config.yaml").read_text())

@@ -4,6 +4,7 @@ import csv
 
 from cosmos_pl.federated.recorder import Recorder, format_csv
 from cosmos_pl.federated.run_directory import RunDirectory
+from cosmos_pl.report import plot_run, run_curves
 
 
 def test_files_are_rewritten_after_every_round(tmp_path):
@@ -33,3 +34,32 @@ def test_state_round_trip():
     other = Recorder()
     other.load_state_dict(rec.state_dict())
     assert other.rows == rec.rows and other.client_rows == rec.client_rows
+
+
+def test_run_curves_by_hand():
+    # rows as metrics.csv holds them: round 0 has no teacher; validation is missing in round 2 (NaN) and in
+    # round 0 ("" as read back from the csv)
+    rows = [
+        {"round": 0, "teacher_acc_mean": None, "teacher_acc_sem": None, "client_acc_mean": 0.5, "client_acc_sem": 0.1,
+         "teacher_val_acc_mean": "", "client_val_acc_mean": ""},
+        {"round": 1, "teacher_acc_mean": 0.7, "teacher_acc_sem": 0.05, "client_acc_mean": 0.6, "client_acc_sem": 0.02,
+         "teacher_val_acc_mean": 0.75, "teacher_val_acc_sem": 0.01, "client_val_acc_mean": 0.65,
+         "client_val_acc_sem": 0.03},
+        {"round": 2, "teacher_acc_mean": 0.8, "teacher_acc_sem": 0.04, "client_acc_mean": 0.55, "client_acc_sem": 0.0,
+         "teacher_val_acc_mean": float("nan"), "client_val_acc_mean": float("nan")},
+    ]
+    assert run_curves(rows) == {
+        "teacher h_pi(i), test": [(1, 0.7, 0.05), (2, 0.8, 0.04)],
+        "client f_i, test": [(0, 0.5, 0.1), (1, 0.6, 0.02), (2, 0.55, 0.0)],
+        "teacher h_pi(i), validation": [(1, 0.75, 0.01)],
+        "client f_i, validation": [(1, 0.65, 0.03)],
+    }
+
+
+def test_plot_run_writes_a_png_atomically(tmp_path):
+    rows = [{"round": 0, "client_acc_mean": 0.5, "client_acc_sem": 0.1},
+            {"round": 1, "client_acc_mean": 0.6, "client_acc_sem": 0.1}]
+    path = tmp_path / "accuracy_vs_round.png"
+    plot_run(rows, path, "title")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["accuracy_vs_round.png"]  # no temporary file left
