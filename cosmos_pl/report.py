@@ -9,7 +9,7 @@ from typing import Any, Sequence
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["mean_sem", "round_table", "run_curves", "plot_run"]
+__all__ = ["mean_sem", "round_table", "run_curves", "plot_run", "round_figure", "save_round_figure"]
 
 
 def mean_sem(values: Sequence[float | None]) -> dict[str, float]:
@@ -93,33 +93,50 @@ def run_curves(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, float, f
     return curves
 
 
-def plot_run(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Write ``path`` (accuracy_vs_round.png): :func:`run_curves` as lines with a ± SEM band over clients, the
-    local-only level (round 0's client accuracy on test) as a dotted line. Written atomically."""
+def round_figure():
+    """A new (figure, axes) for an accuracy-per-round plot, on matplotlib's file-only Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
-    import numpy as np
+
+    return plt.subplots(figsize=(7, 4.5))
+
+
+def save_round_figure(fig: Any, ax: Any, path: Path, title: str, legend_fontsize: Any = None) -> None:
+    """Label ``ax`` (integer rounds, mean personalized accuracy), then write ``fig`` to ``path`` atomically and
+    close it."""
+    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    styles = {label: style for label, _, style in _CURVES}
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, points in run_curves(rows).items():
-        x, mean, sem = (np.array(v) for v in zip(*points))
-        line, = ax.plot(x, mean, styles[label], marker="o", markersize=3, label=label)
-        ax.fill_between(x, mean - sem, mean + sem, alpha=0.15, color=line.get_color())
-    local = [r for r in rows if int(r["round"]) == 0 and _defined(r.get("client_acc_mean"))]
-    if local:
-        ax.axhline(float(local[0]["client_acc_mean"]), color="grey", linestyle=":", label="local-only (round 0), test")
+    from cosmos_pl.federated.run_directory import atomic_save_figure
+
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("mean personalized accuracy (top-1)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=legend_fontsize)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        atomic_save_figure(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def plot_run(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Write ``path`` (accuracy_vs_round.png): :func:`run_curves` as lines with a ± SEM band over clients, the
+    local-only level (round 0's client accuracy on test) as a dotted line. Written atomically."""
+    import numpy as np
+
+    styles = {label: style for label, _, style in _CURVES}
+    fig, ax = round_figure()
+    curves = run_curves(rows)
+    for label, points in curves.items():
+        x, mean, sem = (np.array(v) for v in zip(*points))
+        line, = ax.plot(x, mean, styles[label], marker="o", markersize=3, label=label)
+        ax.fill_between(x, mean - sem, mean + sem, alpha=0.15, color=line.get_color())
+    local = [mean for rnd, mean, _ in curves.get("client f_i, test", []) if rnd == 0]
+    if local:
+        ax.axhline(local[0], color="grey", linestyle=":", label="local-only (round 0), test")
+    save_round_figure(fig, ax, path, title, legend_fontsize=8)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from cosmos_pl.federated.run_directory import atomic_write_text
-from cosmos_pl.report import mean_sem
+from cosmos_pl.report import mean_sem, round_figure, save_round_figure
 
 __all__ = ["PairResult", "AlgorithmRow", "summarize", "overlaps", "write_report", "comparison_markdown",
            "communication_markdown"]
@@ -163,14 +163,9 @@ def communication_markdown(pairs: list[PairResult]) -> str:
 def plot_rounds(pairs: list[PairResult], path: Path, title: str) -> None:
     """accuracy_vs_round.png: per algorithm, mean over seeds of the mean personalized accuracy per round, with a
     SEM band over seeds."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
     import numpy as np
-    from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = round_figure()
     for name in dict.fromkeys(p.algorithm for p in pairs):
         done = [p.rounds for p in pairs if p.algorithm == name and p.error is None and p.rounds]
         if not done:
@@ -182,17 +177,7 @@ def plot_rounds(pairs: list[PairResult], path: Path, title: str) -> None:
         x = np.arange(length)
         ax.plot(x, mean, marker="o", label=name)
         ax.fill_between(x, mean - sem, mean + sem, alpha=0.2)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round")
-    ax.set_ylabel("mean personalized accuracy (top-1)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    save_round_figure(fig, ax, path, title)
 
 
 def write_report(pairs: list[PairResult], out: Path, title: str) -> list[AlgorithmRow]:

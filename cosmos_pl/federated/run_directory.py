@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from cosmos_pl.errors import ConfigError
 
-__all__ = ["RunDirectory", "RESULT_FILES", "atomic_write_text", "atomic_save"]
+__all__ = ["RunDirectory", "RESULT_FILES", "atomic_write_text", "atomic_save", "atomic_save_figure"]
 
 # What a run writes; a folder holding any of them holds a run (wandb/ is removed with them on overwrite).
 RESULT_FILES = ("config.yaml", "partition.json", "clusters.json", "metrics.csv", "clients.csv", "summary.json")
@@ -57,6 +57,11 @@ def atomic_save(obj: Any, path: Path) -> None:
     import torch
 
     _atomic_write(path, lambda f: torch.save(obj, f), "wb")
+
+
+def atomic_save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
+    """A matplotlib figure to ``path`` as PNG atomically (temporary file, fsync, rename)."""
+    _atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi), "wb")
 
 
 def _jsonable(value: Any) -> Any:
