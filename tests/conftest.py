@@ -4,8 +4,8 @@ import pytest
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 
-# Under pytest-xdist (README: `pytest -n 2`) each test worker is pinned to its own share of the cores, before
-# torch is imported: two workers with every core each would slow each other down many times over (OpenMP
+# Under pytest-xdist (`make test` runs `pytest -n auto`) each test worker is pinned to its own share of the
+# cores, before torch is imported: two workers with every core each would slow each other down many times over (OpenMP
 # oversubscription). cosmos-pl sizes its thread counts from the affinity mask (executor.available_cpus), and
 # subprocesses started by tests inherit it.
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")

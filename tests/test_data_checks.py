@@ -106,8 +106,6 @@ def test_round_mean_leaves_out_a_client_without_test_samples():
 # --------------------------------------------------------------------------- items 1b and 3: untrainable partitions
 
 
-
-
 def small_data(train_counts=(10, 10, 10), test_counts=(5, 5, 5)) -> ImageData:
     ytr = torch.tensor(np.repeat(np.arange(len(train_counts)), train_counts), dtype=torch.int64)
     yte = torch.tensor(np.repeat(np.arange(len(test_counts)), test_counts), dtype=torch.int64)

@@ -31,8 +31,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from cosmos_pl.algorithms import COSMOS, algorithm_class
 from cosmos_pl.compare.report import PairResult, write_report
 from cosmos_pl.config import check_seed, validate_config
-from cosmos_pl.federated.executor import available_cpus
 from cosmos_pl.errors import ConfigError, check
+from cosmos_pl.federated.executor import available_cpus
 from cosmos_pl.federated.run_directory import atomic_write_text
 
 __all__ = ["run_compare", "CompareResult", "Pair"]
