@@ -174,7 +174,10 @@ def _round0_key(cfg: Namespace) -> str:
     numerics), as text."""
     import json
 
+    from cosmos_pl.models import BACKBONE_REVISION
+
     parts = {k: cfg[k] for k in ("seed", "data", "transformations", "trainer")}
+    parts["backbone_revision"] = BACKBONE_REVISION  # models saved under another definition are not reused
     clients = cfg.clients.clone()
     del clients["local_epochs"], clients["distill_epochs"], clients["distill_optimizer"]
     parts["clients"] = clients

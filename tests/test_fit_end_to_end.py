@@ -176,3 +176,16 @@ def test_validation_split_is_scored_every_round(repo_root, tmp_path):
     vals = [float(r["teacher_val_acc"]) for r in per_client if r["round"] == "1"]
     assert sum(vals) / len(vals) == pytest.approx(float(rows[1]["teacher_val_acc_mean"]), abs=1e-5)
     assert rows[1]["personalized_val_acc_mean"] == rows[1]["teacher_val_acc_mean"]
+
+
+def test_round0_cache_key_names_what_decides_round0(repo_root):
+    from cosmos_pl.cli import _round0_key, build_fit_parser
+    from cosmos_pl.models import BACKBONE_REVISION
+
+    parser = build_fit_parser()
+    base = ["--config", str(repo_root / "configs/digits_smoke.yaml")]
+    key = _round0_key(parser.parse_args(base))
+    assert json.loads(key)["backbone_revision"] == BACKBONE_REVISION  # old round-0 models are never reused
+    # later rounds' settings leave round 0 alone; pre-training's do not
+    assert _round0_key(parser.parse_args(base + ["--clients.local_epochs", "7"])) == key
+    assert _round0_key(parser.parse_args(base + ["--clients.pretrain_epochs", "7"])) != key

@@ -191,3 +191,19 @@ def test_available_backbones():
         assert name in names
     assert "resnet18" in names and "vgg16" in names
     assert len(names) == len(timm.list_models()) + len(TORCHVISION_BACKBONES)
+
+
+@pytest.mark.parametrize("name", ["squeezenet1_0", "squeezenet1_1"])
+def test_squeezenet_logits_are_signed_and_every_class_gets_gradient(name):
+    # every class map below 0 (weight 0, bias -1): torchvision's head would clamp the logits to 0 and pass no
+    # gradient; ours gives -1 and cross-entropy's bias gradient mean_i(softmax - onehot) = 1/M - [k == y]
+    model = create_backbone(name, NUM_CLASSES, in_chans=1, image_size=28).eval()
+    conv = model.classifier[1]
+    nn.init.zeros_(conv.weight)
+    nn.init.constant_(conv.bias, -1.0)
+    logits = model(torch.randn(4, 1, 28, 28))
+    assert torch.equal(logits, torch.full((4, NUM_CLASSES), -1.0))
+    torch.nn.functional.cross_entropy(logits, torch.zeros(4, dtype=torch.long)).backward()
+    expected = torch.full((NUM_CLASSES,), 1.0 / NUM_CLASSES)
+    expected[0] -= 1.0
+    assert torch.allclose(conv.bias.grad, expected)

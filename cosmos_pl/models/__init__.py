@@ -1,6 +1,7 @@
 """Backbones for COSMOS clients and teachers (timm + torchvision, small-input stems)."""
 
 from cosmos_pl.models.backbones import (
+    BACKBONE_REVISION,
     SMALL_INPUT_MAX_SIZE,
     TORCHVISION_BACKBONES,
     available_backbones,
@@ -12,6 +13,7 @@ from cosmos_pl.models.backbones import (
 )
 
 __all__ = [
+    "BACKBONE_REVISION",
     "SMALL_INPUT_MAX_SIZE",
     "TORCHVISION_BACKBONES",
     "available_backbones",
