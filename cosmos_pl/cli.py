@@ -43,8 +43,9 @@ __all__ = ["build_parser", "build_fit_parser", "main", "run", "run_fit"]
 
 def build_fit_parser() -> ArgumentParser:
     # parse errors are raised (ArgumentError) and printed by main as one line
+    # no abbreviations: a mistyped key (--data.num_client) must be an error, not a match for another key
     p = ArgumentParser(description="Train one federated algorithm (COSMOS by default) on heterogeneous clients.",
-                       exit_on_error=False)
+                       exit_on_error=False, allow_abbrev=False)
     p.add_argument("--config", action=ActionConfigFile, help="YAML config file (configs/*.yaml); later flags override it.")
     p.add_argument("--seed", type=int, default=0, help="One seed for Python, NumPy, torch, the partition and every stage.")
     p.add_argument("--run_dir", type=Optional[str], default=None,
@@ -85,7 +86,7 @@ def build_compare_parser() -> ArgumentParser:
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="cosmos-pl", description="cosmos-pl: model-agnostic personalized federated learning.",
-                            exit_on_error=False)
+                            exit_on_error=False, allow_abbrev=False)
     sub = parser.add_subcommands(required=True)
     sub.add_subcommand("fit", build_fit_parser(), help="Train one algorithm and write a run directory.")
     sub.add_subcommand("compare", build_compare_parser(), help="Compare algorithms over seeds and write a report.")

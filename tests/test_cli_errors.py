@@ -91,6 +91,7 @@ PARSE_ERRORS = [
     (["--algorithm.lamda", "3"], "lamda"),
     (["--algorithm", "Cosmoss"], "Cosmoss"),
     (["--trainer.precision", "8"], "trainer.precision"),
+    (["--data.num_client", "5"], "--data.num_client"),  # a prefix of data.num_clients is not taken for it
 ]
 
 
