@@ -25,7 +25,7 @@ STALL_ROUND_2 = json.dumps([{"round": 2, "client": 0, "step": "local training", 
 
 def _argv(repo_root: Path, run_dir: Path) -> list[str]:
     return ["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(run_dir),
-            "--rounds", "3", "--data.num_clients", "5", "--clients.pretrain_epochs", "1",
+            "--rounds", "2", "--data.num_clients", "5", "--clients.pretrain_epochs", "1",
             "--algorithm.init_args.ptc_epochs", "1", "--algorithm.init_args.teacher_epochs", "1",
             "--wandb.mode", "disabled", "--executor.threads_per_worker", "1"]
 
@@ -85,9 +85,9 @@ def test_sigkill_in_round_2_then_resume_gives_identical_records(killed, uninterr
     err = _finish(_start(["fit", "--resume", str(run_dir)]))
     _same_records(run_dir, uninterrupted)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["final"]["round"] == 3 and summary["failures"] == []
+    assert summary["final"]["round"] == 2 and summary["failures"] == []
     # pruned to the newest 2 (checkpoint.keep), the last one is the final round's
-    assert sorted(p.name for p in (run_dir / "checkpoints").glob("*.pt")) == ["round-0002.pt", "round-0003.pt"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("*.pt")) == ["round-0001.pt", "round-0002.pt"]
     assert "Traceback" not in err
 
 
@@ -128,4 +128,21 @@ def test_resume_refuses_a_changed_config(repo_root, killed, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(killed, run_dir)
     err = _finish(_start(["fit", "--resume", str(run_dir), "--rounds", "5"]), 2)
-    assert "--resume" in err and "rounds (run: 3, given: 5)" in err
+    assert "--resume" in err and "rounds (run: 2, given: 5)" in err
+
+
+def test_sigint_exits_130_with_the_resume_command(repo_root, tmp_path):
+    """Ctrl-C during round 1 (client 0's pseudo-labels stall): round 0 is kept and the run says how to resume."""
+    run_dir = tmp_path / "run"
+    proc = _start(_argv(repo_root, run_dir),
+                  json.dumps([{"round": 1, "client": 0, "step": "pseudo-labels", "kind": "hang"}]))
+    start = time.monotonic()
+    while not (run_dir / "checkpoints" / "round-0000.pt").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() - start < 600, "round 0 did not finish"
+        time.sleep(0.05)
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    err = _finish(proc, 130)
+    assert err.strip().splitlines()[-1] == (f"cosmos-pl: stopped by SIGINT; rounds 0..0 are saved in {run_dir}/checkpoints: "
+                                            f"resume with `cosmos-pl fit --resume {run_dir}`")
