@@ -355,10 +355,11 @@ class Runner:
         n = len(self.clients)
         ok = n - len(self._failed)
         if ok < self.failure_cfg.min_fraction * n or ok == 0:
+            first = next(iter(self._failed.values()))
             raise RoundFailed(f"round {rnd}: only {ok} of {n} clients finished it (failures.min_fraction = "
                               f"{self.failure_cfg.min_fraction}), so it is not committed and the run stops at the last "
-                              f"complete round; the reasons are in the log above (e.g. client "
-                              f"{next(iter(self._failed))}: {next(iter(self._failed.values())).reason[:200]})")
+                              f"complete round; every failure is in the log above, the first: client {first.client} "
+                              f"in {first.step}: {first.reason}")
 
     # ----------------------------------------------------------------- rounds
     def train_round(self, rnd: int) -> dict[str, int]:
