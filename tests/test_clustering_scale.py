@@ -35,7 +35,7 @@ def test_torch_fallback_equals_the_compiled_kernel(monkeypatch):
     p = _uploads(11, 300, 7, groups=2, seed=1)
     fast = pairwise_distances(p)
     monkeypatch.setattr(native, "l1_upper", lambda x: None)  # as on a machine without a C compiler
-    monkeypatch.setattr(distances_module, "_CHUNK_ELEMENTS", 64)  # several chunks, a ragged last one
+    monkeypatch.setattr(distances_module, "_L1_TORCH_CHUNK", 64)  # several chunks, a ragged last one
     slow = pairwise_distances(p)
     assert np.allclose(fast, slow, rtol=1e-6, atol=1e-7)
     assert np.allclose(slow, ref.pairwise_distances(p), rtol=1e-6, atol=1e-7)
