@@ -5,14 +5,19 @@ directory; ``cosmos-pl compare --config FILE --algorithms cosmos,fedmd --seeds 0
 (algorithm, seed) pair and writes the comparison. ``--print_config`` prints the fully resolved config; ``--help``
 documents every option (from the docstrings in :mod:`cosmos_pl.config` and the algorithm classes).
 
+``cosmos-pl fit --resume RUN_DIR`` continues a run from its last complete round checkpoint with that run's own
+config, exactly as if it had never stopped (a flag that changes the config is an error naming the keys).
+
 Exit status: 0 on success; 2 for a user error (a bad setting, missing data, a run directory in use, W&B that
-cannot start), printed as one line ``cosmos-pl: error: ...`` before any training; 1 for an internal fault (a
-traceback and where to report it) or a failed compare pair; 130 when interrupted.
+cannot start, a run stopped by failing clients), printed as one line ``cosmos-pl: error: ...``; 1 for an
+internal fault (a traceback and where to report it) or a failed compare pair; 143 on SIGTERM and 130 on SIGINT
+(Ctrl-C), after one line saying how to resume.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
@@ -34,7 +39,9 @@ from cosmos_pl.config import (
     validate_against_data,
     validate_config,
 )
-from cosmos_pl.errors import UserError
+from cosmos_pl.errors import ConfigError, UserError
+from cosmos_pl.federated.checkpoint import CheckpointConfig
+from cosmos_pl.federated.failures import FailureConfig
 
 ISSUES_URL = "https://github.com/cosmos-pl/cosmos-pl/issues"
 
@@ -53,6 +60,9 @@ def build_fit_parser() -> ArgumentParser:
                         "another run's files is refused unless --overwrite true.")
     p.add_argument("--overwrite", type=bool, default=False,
                    help="Reuse a --run_dir that holds another run's files: they are removed first.")
+    p.add_argument("--resume", type=Optional[str], default=None,
+                   help="Continue the run in this run directory from its last complete round checkpoint, with its "
+                        "own config.yaml (other flags must not change it).")
     p.add_argument("--round0_cache", type=Optional[str], default=None,
                    help="Folder keeping trained round-0 client models by a hash of the settings that decide them; "
                         "runs with the same hash load them instead of training (cosmos-pl compare sets it).")
@@ -67,6 +77,8 @@ def build_fit_parser() -> ArgumentParser:
     p.add_class_arguments(CommunicationConfig, "communication")
     p.add_class_arguments(TrainerConfig, "trainer")
     p.add_class_arguments(ExecutorConfig, "executor")
+    p.add_class_arguments(FailureConfig, "failures")
+    p.add_class_arguments(CheckpointConfig, "checkpoint")
     p.add_class_arguments(WandbConfig, "wandb")
     p.add_class_arguments(CompareConfig, "comparison")
     return p
@@ -106,6 +118,7 @@ def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
     from rich.console import Console
 
     from cosmos_pl.data import build_federation
+    from cosmos_pl.federated import checkpoint
     from cosmos_pl.federated.recorder import Recorder
     from cosmos_pl.federated.run_directory import RunDirectory
     from cosmos_pl.federated.runner import Runner
@@ -115,16 +128,30 @@ def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
     console = Console()
     saved = cfg.clone()
     saved.overwrite = False  # config.yaml describes the run; rerunning it must not clear a folder unasked
+    saved.resume = None
     config_yaml = parser.dump(saved, skip_unset=False)
+    where = saved.clone()
+    where.run_dir = None  # the hash names the settings, not the folder (a run directory may be moved)
+    settings_hash = checkpoint.config_hash(parser.dump(where, skip_unset=False))
+    resume, resume_path = None, None
+    if cfg.resume:
+        resume, resume_path = checkpoint.load_latest(Path(cfg.resume))
+        if resume.get("config_hash") != settings_hash:
+            raise ConfigError(f"--resume={cfg.resume!r}: config.yaml no longer matches the one its checkpoint "
+                              f"{resume_path.name} was made with (edited, or another cosmos-pl version); restore it, "
+                              "or start a new run")
     # every user error is found here, before any data is loaded: settings, the run directory, W&B
     init = parser.instantiate(cfg)
     validate_config(init)
     algorithm: Algorithm = init.algorithm
-    run_dir = RunDirectory.prepare(cfg.run_dir, cfg.overwrite) if cfg.run_dir else \
-        RunDirectory.unique(_default_run_dir(cfg))
+    if resume is not None:
+        run_dir = RunDirectory(cfg.resume)
+    else:
+        run_dir = RunDirectory.prepare(cfg.run_dir, cfg.overwrite) if cfg.run_dir else \
+            RunDirectory.unique(_default_run_dir(cfg))
     run_path = run_dir.path
-    tracker = Tracker(init.wandb.mode, run_path, _plain(cfg),
-                      init.wandb.project, init.wandb.entity, init.wandb.name, init.wandb.tags)
+    tracker = Tracker(init.wandb.mode, run_path, _plain(cfg), init.wandb.project, init.wandb.entity, init.wandb.name,
+                      init.wandb.tags, run_id=None if resume is None else resume.get("wandb_run_id"))
     try:
         seed_everything(init.seed, verbose=False)
         data_cfg: DataConfig = init.data
@@ -136,7 +163,8 @@ def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
         )
         validate_against_data(init, federation.num_classes)
         # written once the data is in: a run that failed to load its data leaves no result files behind
-        run_dir.write_text("config.yaml", config_yaml)
+        if resume is None:
+            run_dir.write_text("config.yaml", config_yaml)
         run_dir.write_json("partition.json", {
             "dataset": data.name, "num_classes": federation.num_classes, "classes": federation.classes,
             "public_set_size": len(federation.public_x),
@@ -148,8 +176,22 @@ def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
                       f"|U| = {len(federation.public_x)}, M = {federation.num_classes}; run directory {run_path}")
         runner = Runner(federation, algorithm, init.clients, rounds=init.rounds, seed=init.seed,
                         transformations=init.transformations, trainer=init.trainer, executor=init.executor,
-                        communication=init.communication, recorder=Recorder(run_dir, tracker), console=console)
-        summary = runner.run(Path(cfg.round0_cache) if cfg.round0_cache else None, _round0_key(cfg))
+                        communication=init.communication, recorder=Recorder(run_dir, tracker), console=console,
+                        failures=init.failures, checkpoints=init.checkpoint,
+                        checkpoint_meta={"config_hash": settings_hash,
+                                         "wandb_run_id": tracker.run_id})
+        runner.last_checkpoint = resume_path
+        try:
+            summary = runner.run(Path(cfg.round0_cache) if cfg.round0_cache else None, _round0_key(cfg), resume)
+        except Interrupted as err:
+            err.run_dir, err.last_round = run_path, checkpoint.latest_round(run_path)
+            raise
+        except UserError as err:  # failing clients stopped it: the last complete round is kept
+            done = checkpoint.latest_round(run_path)
+            if done is None:
+                raise
+            raise type(err)(f"{err}; rounds 0..{done} are saved: fix the cause, then resume with "
+                            f"`cosmos-pl fit --resume {run_path}`") from None
     finally:
         tracker.finish()
     print_table(runner.recorder.rows, console, title=f"{algorithm.name}: personalized accuracy per round")
@@ -185,6 +227,45 @@ def _round0_key(cfg: Namespace) -> str:
     return json.dumps(Namespace(parts).as_dict(), sort_keys=True, default=str)
 
 
+_NOT_CONFIG = ("config", "resume", "run_dir", "overwrite", "__path__")
+
+
+def _flat(ns: Namespace) -> dict[str, Any]:
+    return {k: v for k, v in ns.clone().as_dict().items() if k not in _NOT_CONFIG}
+
+
+def _dotted(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict) and d:
+        out = {}
+        for k, v in d.items():
+            out.update(_dotted(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def _resume_config(cfg: Namespace, parser: ArgumentParser) -> Namespace:
+    """The config to resume ``cfg.resume`` with: the run's own config.yaml. Flags given beside ``--resume`` (those
+    that differ from the defaults) must agree with it.
+
+    Raises:
+        ConfigError: no config.yaml in the folder, or given settings that differ from the run's (naming the keys).
+    """
+    run_dir = Path(cfg.resume)
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"--resume={str(run_dir)!r}: no config.yaml there; give the run directory of an earlier "
+                          "`cosmos-pl fit` (it holds config.yaml and checkpoints/)")
+    saved = parser.parse_path(str(path))
+    given, defaults, run = _dotted(_flat(cfg)), _dotted(_flat(parser.get_defaults())), _dotted(_flat(saved))
+    differ = sorted(k for k, v in given.items() if v != defaults.get(k) and v != run.get(k))
+    if differ:
+        shown = ", ".join(f"{k} (run: {run.get(k)!r}, given: {given[k]!r})" for k in differ[:6])
+        raise ConfigError(f"--resume={str(run_dir)!r}: the run was made with another config; these settings differ: "
+                          f"{shown}; resume without them, or start a new run with --run_dir")
+    saved.resume, saved.run_dir, saved.overwrite = str(run_dir), str(run_dir), False
+    return saved
+
+
 def _plain(cfg: Namespace) -> dict[str, Any]:
     return {k: v for k, v in cfg.clone().as_dict().items() if k not in ("config", "comparison", "overwrite")}
 
@@ -196,10 +277,41 @@ def run(argv: list[str]) -> Any:
     cfg = parser.parse_args(argv)
     sub = parser._subcommands_action._name_parser_map[cfg.subcommand]
     if cfg.subcommand == "fit":
-        return run_fit(cfg.fit, sub)
+        fit = _resume_config(cfg.fit, sub) if cfg.fit.resume else cfg.fit
+        return run_fit(fit, sub)
     from cosmos_pl.compare import run_compare
 
     return run_compare(cfg.compare, sub, build_fit_parser())
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT arrived: unwinds the run (a BaseException, so no ``except Exception`` swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.run_dir: Optional[Path] = None
+        self.last_round: Optional[int] = None
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    raise Interrupted(signum)
+
+
+def _interrupted(err: Interrupted, command: str) -> int:
+    name = signal.Signals(err.signum).name
+    if command == " compare":
+        line = f"stopped by {name}; run the same command again to resume (finished pairs are kept, the others " \
+               "resume from their last complete round)"
+    elif err.run_dir is not None and err.last_round is not None:
+        line = f"stopped by {name}; rounds 0..{err.last_round} are saved in {err.run_dir}/checkpoints: resume " \
+               f"with `cosmos-pl fit --resume {err.run_dir}`"
+    elif err.run_dir is not None:
+        line = f"stopped by {name} before round 0 ended; nothing to resume: start the run again"
+    else:
+        line = f"stopped by {name}"
+    print(f"cosmos-pl: {line}", file=sys.stderr, flush=True)
+    return 128 + err.signum
 
 
 def _error(message: str) -> int:
@@ -212,15 +324,20 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns the exit status: 0 on success; 2 for a user error (:class:`~cosmos_pl.errors.UserError`, a parse
     error, a missing file), printed as one line on stderr; 1 for an internal fault (any other exception: its
-    traceback and where to report it) or when a compare pair failed; 130 on Ctrl-C.
+    traceback and where to report it) or when a compare pair failed; 143 on SIGTERM and 130 on SIGINT (Ctrl-C),
+    after one line saying how to resume.
     """
     from jsonargparse import ArgumentError
 
     os.environ.setdefault("PYTHONHASHSEED", "0")
     args = sys.argv[1:] if argv is None else argv
     command = f" {args[0]}" if args and args[0] in ("fit", "compare") else ""
+    # a scheduler's time limit or Ctrl-C: unwind, keep the last complete round, say how to resume, exit 143/130
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         result = run(args)
+    except Interrupted as err:
+        return _interrupted(err, command)
     except ArgumentError as err:  # a parse error: unknown key, wrong type, missing config file
         return _error(f"{err} (options: cosmos-pl{command} --help)")
     except (UserError, FileNotFoundError) as err:  # FileNotFoundError: a config or data file named in the settings
@@ -233,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cosmos-pl: internal error (a bug in cosmos-pl): please report it with the command, config.yaml and "
               f"this traceback at {ISSUES_URL}", file=sys.stderr)
         return 1
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     return 1 if getattr(result, "failed", False) else 0
 
 

@@ -80,12 +80,15 @@ def pseudo_label_bytes(n: int, num_classes: int, dtype: str = "float32", top_k: 
 
 @dataclass
 class Payload:
-    """An encoded ``[n, M]`` pseudo-label matrix: ``values`` ``[n, M]`` or ``[n, k]``, ``indices`` ``[n, k]`` or None."""
+    """An encoded ``[n, M]`` pseudo-label matrix: ``values`` ``[n, M]`` or ``[n, k]``, ``indices`` ``[n, k]`` or None;
+    ``public_fingerprint``: :func:`cosmos_pl.uploads.public_fingerprint` of the U the client predicted on (16 hex
+    digits, not counted in :attr:`nbytes`: it identifies the round's request, like a header)."""
 
     values: torch.Tensor
     indices: Optional[torch.Tensor]
     num_classes: int
     dtype: str
+    public_fingerprint: Optional[str] = None
 
     @property
     def nbytes(self) -> int:
@@ -109,7 +112,8 @@ def _check_finite(values: torch.Tensor, purpose: str) -> None:
                 f"learning rates that trained it (clients.optimizer, clients.distill_optimizer)")
 
 
-def encode(probs: torch.Tensor, dtype: UploadDtype = "float32", top_k: Optional[int] = None) -> Payload:
+def encode(probs: torch.Tensor, dtype: UploadDtype = "float32", top_k: Optional[int] = None,
+           fingerprint: Optional[str] = None) -> Payload:
     """Encode pseudo-labels ``[n, M]`` for upload.
 
     ``float16`` casts; ``uint8`` quantizes each probability to ``round(255 p)``; ``top_k`` keeps the k largest
@@ -130,10 +134,10 @@ def encode(probs: torch.Tensor, dtype: UploadDtype = "float32", top_k: Optional[
         p, idx = p.topk(top_k, dim=1)
         indices = idx.to(torch.uint8 if _index_bytes(m) == 1 else torch.int16)
     values = (p * 255).round().to(torch.uint8) if dtype == "uint8" else p.to(_TORCH[dtype])
-    return Payload(values, indices, m, dtype)
+    return Payload(values, indices, m, dtype, fingerprint)
 
 
-def encode_hard(probs: torch.Tensor) -> Payload:
+def encode_hard(probs: torch.Tensor, fingerprint: Optional[str] = None) -> Payload:
     """Hard labels: the argmax class of each row of ``[n, M]``, as uint8 (M <= 256) or int16 indices ``[n]``.
 
     Raises:
@@ -142,7 +146,7 @@ def encode_hard(probs: torch.Tensor) -> Payload:
     _check_finite(probs, "to encode")
     m = probs.shape[1]
     labels = probs.argmax(dim=1).to(torch.uint8 if _index_bytes(m) == 1 else torch.int16)
-    return Payload(labels, None, m, "index")
+    return Payload(labels, None, m, "index", fingerprint)
 
 
 def decode(payload: Payload) -> torch.Tensor:

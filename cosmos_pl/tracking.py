@@ -46,6 +46,7 @@ class Tracker:
         run_dir: the run directory; W&B files go to ``run_dir/wandb``.
         config: the resolved experiment config (a plain dict).
         project, entity, name, tags: passed to ``wandb.init``.
+        run_id: continue this W&B run (``cosmos-pl fit --resume``: the id kept in the checkpoint); None: a new run.
 
     Raises:
         TrackingError: wandb cannot start: not installed, no API key in online mode, the server not reached
@@ -54,7 +55,7 @@ class Tracker:
     """
 
     def __init__(self, mode: str, run_dir: Path, config: dict[str, Any], project: str,
-                 entity: str | None, name: str | None, tags: list[str]) -> None:
+                 entity: str | None, name: str | None, tags: list[str], run_id: str | None = None) -> None:
         self.run = None
         if mode == "disabled":
             return
@@ -75,6 +76,7 @@ class Tracker:
                 mode=mode, dir=str(run_dir), project=project, entity=entity,
                 name=name or run_dir.name, tags=tags, config=config, reinit="finish_previous",
                 settings=wandb.Settings(init_timeout=timeout),
+                **({"id": run_id, "resume": "allow"} if run_id else {}),
             )
         except wandb.errors.Error as err:  # no network, a timeout, a refused key, a bad entity or project
             reason = " ".join(str(err).split())[:300]
@@ -83,6 +85,11 @@ class Tracker:
                                 ) from None
         self.run.define_metric("round")
         self.run.define_metric("*", step_metric="round")
+
+    @property
+    def run_id(self) -> str | None:
+        """The W&B run's id (None when tracking is disabled)."""
+        return None if self.run is None else self.run.id
 
     def log_round(self, row: dict[str, Any]) -> None:
         if self.run is not None:

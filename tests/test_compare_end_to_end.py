@@ -2,6 +2,7 @@
 
 import csv
 import json
+import shutil
 
 import pytest
 
@@ -78,3 +79,21 @@ def test_bad_names_fail_before_any_pair_runs(repo_root, tmp_path, capsys):
     assert not (tmp_path / "x").exists()
     assert main(["compare", "--config", cfg, "--algorithms", "fedavg", "--out", str(tmp_path / "y")]) == 2
     assert "same backbone" in capsys.readouterr().err
+
+
+def test_an_interrupted_pair_resumes_from_its_last_round(compared, tmp_path, capsys):
+    """Issue 9: a pair stopped after round 0 (its round-1 checkpoint and summary missing) continues from round 0's
+    checkpoint on the next compare, with the same numbers; finished pairs are not touched."""
+    out, argv = compared
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    pair = copy / "runs" / "cosmos-seed0"
+    (pair / "summary.json").unlink()
+    (pair / "checkpoints" / "round-0001.pt").unlink()
+    at = argv.index("--out")
+    assert main([*argv[:at], "--out", str(copy), *argv[at + 2:]]) == 0
+    assert "3 already finished" in capsys.readouterr().out
+    assert "resumed after round 0" in (pair / "log.txt").read_text()
+    original = out / "runs" / "cosmos-seed0"
+    for name in ("metrics.csv", "clients.csv"):
+        assert (pair / name).read_bytes() == (original / name).read_bytes(), name

@@ -172,8 +172,8 @@ def test_partitioners_default_to_two_samples_per_client():
      "data.partitioner.init_args.num_groups=4 exceeds the 3 classes"),
     (lambda: group_dirichlet(np.arange(6) % 3, 3, mix_fraction=1.0, num_groups=3), ConfigError,
      "data.partitioner.init_args.mix_fraction=1.0"),
-    (lambda: dirichlet(np.zeros(3, dtype=int), 3, alpha=1e-3, min_samples_per_client=1), DataError,
-     "data.partitioner.init_args.min_samples_per_client=1 not met"),
+    (lambda: group_dirichlet(np.array([0] + [1] * 20), 4, num_groups=2, mix_fraction=0.0, min_samples_per_client=1),
+     DataError, "data.partitioner.init_args.min_samples_per_client=1 cannot be met"),
     (lambda: dirichlet(np.array([0.5, 1.0]), 1), DataError, "labels must be integers"),
     (lambda: dirichlet(np.array([0, -1]), 1), DataError, "non-negative"),
 ])

@@ -126,14 +126,30 @@ def test_group_dirichlet_impossible(kwargs, n_clients, field):
         group_dirichlet(LABELS, n_clients, **kwargs)
 
 
-def test_unmeetable_minimum_raises_after_bounded_retries():
-    # Class 0 has a single sample; with 2 classes in 2 groups its group has 2 clients
-    # and no mixing, so one of them is always empty.
+def test_clients_short_after_the_draws_are_topped_up_within_their_group():
+    # Class 0 has a single sample; with 2 classes in 2 groups its group has 2 clients and no mixing, so one of
+    # them is empty after every draw, and no client of its group can spare a sample: a clear error, as before.
     y = np.array([0] + [1] * 20)
-    with pytest.raises(ValueError, match="min_samples_per_client=1 not met"):
+    with pytest.raises(ValueError, match="min_samples_per_client=1 cannot be met.*mix_fraction"):
         group_dirichlet(y, 4, num_groups=2, mix_fraction=0.0, min_samples_per_client=1)
-    with pytest.raises(ValueError, match="not met"):
-        dirichlet(np.zeros(3, dtype=int), 3, alpha=1e-3, min_samples_per_client=1)
+    # 3 samples of class 0 and 20 of class 1, no mixing, alpha 1e-3: within each group one client draws all;
+    # the other takes 1 random sample from it, so every client still holds only its group's classes
+    y = np.array([0] * 3 + [1] * 20)
+    part = group_dirichlet(y, 4, num_groups=2, alpha=1e-3, mix_fraction=0.0, min_samples_per_client=1, seed=0)
+    assert_conserved(part, len(y))
+    assert sorted(part.sizes.tolist()) == [1, 1, 2, 19]
+    for i, ix in enumerate(part.client_indices):
+        assert set(y[ix].tolist()) <= set(part.class_groups[part.groups[i]])
+    # 3 samples, 3 clients, alpha 1e-3: one client draws everything; the others take one sample each
+    part = dirichlet(np.zeros(3, dtype=int), 3, alpha=1e-3, min_samples_per_client=1, seed=0)
+    assert sorted(part.sizes.tolist()) == [1, 1, 1]
+
+
+def test_500_clients_at_alpha_001_meet_the_minimum():
+    y = np.repeat(np.arange(100), 100)
+    for part in (dirichlet(y, 500, alpha=0.01, seed=0), group_dirichlet(y, 500, alpha=0.01, seed=0)):
+        assert_conserved(part, len(y))
+        assert min(part.sizes) >= 2
 
 
 def test_dirichlet_and_iid_impossible():

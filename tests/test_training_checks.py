@@ -18,6 +18,7 @@ from torch import nn
 
 from cosmos_pl.cli import run
 from cosmos_pl.errors import ConfigError, DivergenceError, UserError
+from cosmos_pl.federated.failures import RoundFailed
 from cosmos_pl.federated.stages import TrainerConfig, evaluate, fit_distillation, fit_joint, fit_supervised, \
     predict_probs
 from cosmos_pl.modules import default_optimizer
@@ -224,29 +225,36 @@ def _fit(repo_root, tmp_path, *flags):
 
 
 def test_cli_lr_1e37_fails_at_the_first_nonfinite_loss(repo_root, tmp_path):
+    # each client's training stops at its first non-finite loss and fails the client (issue 9); with every client
+    # failed, round 0 is not committed and the run stops with the first reason, naming the setting
     start = time.perf_counter()
-    with pytest.raises(DivergenceError) as err:
+    with pytest.raises(RoundFailed) as err:
         _fit(repo_root, tmp_path, "--clients.optimizer.init_args.lr", "1e37")
-    assert _one_line(err) == ("round 0, local training, client 0: the training loss is nan at epoch 1 of 1, step 2 "
-                              "of 4: training diverged; lower the learning rate clients.optimizer.init_args.lr "
-                              "(now 1e+37)")
+    assert _one_line(err).endswith(
+        "the first: client 0 in local training: DivergenceError: round 0, local training, client 0: the training "
+        "loss is nan at epoch 1 of 1, step 2 of 4: training diverged; lower the learning rate "
+        "clients.optimizer.init_args.lr (now 1e+37)")
+    assert "round 0: only 0 of 10 clients finished it" in _one_line(err)
     assert not (tmp_path / "run" / "metrics.csv").exists()  # not even round 0's evaluation ran
     assert time.perf_counter() - start < 120  # seconds (about 3 on an idle 2-core CPU), not a whole training
 
 
 @pytest.mark.parametrize("flag,expected", [
+    # a teacher is the server's: its divergence stops the run at once
     ("--algorithm.init_args.teacher_optimizer.init_args.lr",
      r"^round 1, teacher distillation, teacher of cluster 0 \(clients \[0, 1, 2, 3, 4\]\): the training loss is "
      r"nan \(kl nan, r_b nan\) at epoch 1 of 1, step 2 of 2: .*algorithm.init_args.teacher_optimizer.init_args.lr "
-     r"\(now 1e\+37\)$"),
+     r"\(now 1e\+37\); rounds 0..0 are saved: fix the cause, then resume with `cosmos-pl fit --resume .*`$"),
+    # clients' divergence fails them one by one; with none left the round stops
     ("--clients.distill_optimizer.init_args.lr",
-     r"^round 1, client distillation, client 0: the training loss is nan \(kl nan, r_b nan\) at epoch 1 of 1, "
-     r"step 2 of 9: .*clients.distill_optimizer.init_args.lr \(now 1e\+37\)$"),
+     r"^round 1: only 0 of 5 clients finished it .* the first: client 0 in client distillation: DivergenceError: "
+     r"round 1, client distillation, client 0: the training loss is nan \(kl nan, r_b nan\) at epoch 1 of 1, "
+     r"step 2 of 9: .*clients.distill_optimizer.init_args.lr \(now 1e\+37\); rounds 0..0 are saved: .*$"),
 ])
 def test_cli_huge_learning_rates_of_teacher_and_distillation_name_their_keys(repo_root, tmp_path, flag, expected):
     # no round-0 training, one cluster, one short teacher epoch: seconds. (An infinite rate is refused when the
     # config is parsed; 1e37 is finite and blows the weights up in the first step.)
-    with pytest.raises(DivergenceError) as err:
+    with pytest.raises(UserError) as err:
         _fit(repo_root, tmp_path, flag, "1e37", "--clients.pretrain_epochs", "0", "--data.num_clients", "5",
              "--algorithm.init_args.b0", "inf", "--algorithm.init_args.ptc_epochs", "1",
              "--algorithm.init_args.teacher_batch_size", "256")

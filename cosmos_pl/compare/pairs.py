@@ -3,8 +3,10 @@
 Each pair gets ``OUT/runs/<algorithm>-seed<seed>/`` with its fully resolved ``pair.yaml``, the run directory's
 files and ``log.txt``. Pairs with the same seed share the partition (same data settings and seed) and their
 round 0: it is trained once and kept in ``OUT/round0/`` (``fit --round0_cache``), giving the same numbers. A pair whose
-``summary.json`` exists under the same config is finished and skipped on a rerun; one that finished under a
-different config is an error (use a new ``--out``). Pairs run one after another or ``jobs`` side by side, the
+``summary.json`` exists under the same config is finished and skipped on a rerun; one that was interrupted
+resumes from its last round checkpoint (``fit --resume``); one that finished under a different config is an
+error (use a new ``--out``). A SIGTERM or Ctrl-C to compare reaches every running pair, which keeps its last
+complete round. Pairs run one after another or ``jobs`` side by side, the
 CPU cores split between them (two trainings with all threads each slow each other down many times over).
 """
 
@@ -14,6 +16,7 @@ import csv
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -32,14 +35,17 @@ from cosmos_pl.algorithms import COSMOS, algorithm_class
 from cosmos_pl.compare.report import PairResult, write_report
 from cosmos_pl.config import check_seed, validate_config
 from cosmos_pl.errors import ConfigError, check
+from cosmos_pl.federated import checkpoint
 from cosmos_pl.federated.executor import available_cpus
 from cosmos_pl.federated.run_directory import atomic_write_text
 
 __all__ = ["run_compare", "CompareResult", "Pair"]
 
 _COMPARE_ONLY = ("algorithms", "seeds", "jobs", "out", "config", "comparison", "overwrite")
-# keys of pair.yaml that say nothing about the run (and are absent from older pair.yaml files)
-_NOT_RUN_SETTINGS = ("overwrite",)
+# keys of pair.yaml that do not change a run's numbers (and are absent from older pair.yaml files); failures
+# settings only act when a client fails, which a finished run would have recorded; paths, so that an --out
+# folder may be moved
+_NOT_RUN_SETTINGS = ("overwrite", "resume", "checkpoint", "failures", "run_dir", "round0_cache")
 
 
 @dataclass
@@ -135,16 +141,39 @@ def _rounds_done(pair: Pair) -> int:
         return 0
 
 
+def _resumable(pair: Pair) -> bool:
+    """An interrupted earlier attempt of this very pair that left a round checkpoint."""
+    saved = pair.run_dir / "pair.yaml"
+    return (saved.is_file() and (pair.run_dir / "config.yaml").is_file()
+            and checkpoint.latest_round(pair.run_dir) is not None
+            and _run_settings(saved.read_text()) == _run_settings(pair.config_yaml))
+
+
+# the pairs' processes now running, so that a SIGTERM/SIGINT to compare reaches them (they save and exit)
+_RUNNING: set[subprocess.Popen] = set()
+
+
 def _launch(pair: Pair) -> Optional[str]:
-    """Run one pair in its own process; returns None on success, else a one-line reason."""
-    if pair.run_dir.exists():
-        shutil.rmtree(pair.run_dir)  # an unfinished earlier attempt: start clean, never mix two runs' files
-    pair.run_dir.mkdir(parents=True)
-    atomic_write_text(pair.run_dir / "pair.yaml", pair.config_yaml)
-    cmd = [sys.executable, "-m", "cosmos_pl.cli", "fit", "--config", str(pair.run_dir / "pair.yaml")]
+    """Run one pair in its own process, resuming an interrupted attempt from its last complete round; returns
+    None on success, else a one-line reason."""
+    if _resumable(pair):
+        cmd = [sys.executable, "-m", "cosmos_pl.cli", "fit", "--resume", str(pair.run_dir)]
+        mode = "a"
+    else:
+        if pair.run_dir.exists():
+            shutil.rmtree(pair.run_dir)  # an unfinished attempt without a checkpoint: start clean, never mix runs
+        pair.run_dir.mkdir(parents=True)
+        atomic_write_text(pair.run_dir / "pair.yaml", pair.config_yaml)
+        cmd = [sys.executable, "-m", "cosmos_pl.cli", "fit", "--config", str(pair.run_dir / "pair.yaml")]
+        mode = "w"
     env = {**os.environ, "PYTHONHASHSEED": "0", "COLUMNS": "120"}
-    with open(pair.run_dir / "log.txt", "w") as log:
-        status = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    with open(pair.run_dir / "log.txt", mode) as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        _RUNNING.add(proc)
+        try:
+            status = proc.wait()
+        finally:
+            _RUNNING.discard(proc)
     if status == 0 and (pair.run_dir / "summary.json").is_file():
         return None
     tail = (pair.run_dir / "log.txt").read_text(errors="replace").strip().splitlines()[-1:] or [""]
@@ -209,9 +238,19 @@ def run_compare(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPars
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(pool.map(one, todo))
-        stop.set()
+        pool = ThreadPoolExecutor(max_workers=jobs)
+        futures = [pool.submit(one, p) for p in todo]
+        try:
+            for fut in futures:
+                fut.result()
+        except BaseException:  # SIGTERM/SIGINT (cli.Interrupted): the pairs keep their last round and stop too
+            for proc in list(_RUNNING):
+                proc.send_signal(signal.SIGTERM)
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            stop.set()
+        pool.shutdown(wait=True)
     results = [_result(p, errors.get(p.label)) for p in pairs]
     for r in results:
         if r.error:

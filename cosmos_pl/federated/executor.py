@@ -6,21 +6,29 @@ client's distillation, an evaluation). Tasks of a stage are independent, and eac
 processes started with ``spawn``; models and tensors travel between processes as CPU tensors through
 torch's shared-memory pickling, never through files. On CUDA each worker is pinned to one GPU
 (``CUDA_VISIBLE_DEVICES``) and several workers may share one (``workers_per_device``).
+
+A client's task may fail (an exception, a non-finite loss, a timeout, a worker process killed by the OS): with
+``tolerate`` the executor reports it as a :class:`TaskFailure` and carries on with the others (issue 9).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import multiprocessing as mp
 import os
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+import signal
+import threading
+import time
 from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Iterator, Literal, Optional, Sequence, Union
 
 import torch
 
-from cosmos_pl.errors import ConfigError, check
+from cosmos_pl.errors import ConfigError, DataError, check
 
-__all__ = ["ExecutorConfig", "Executor", "Task", "available_cpus", "resolve_devices"]
+__all__ = ["ExecutorConfig", "Executor", "Task", "TaskFailure", "TaskTimeout", "available_cpus", "resolve_devices"]
 
 Task = tuple[Callable[..., Any], dict[str, Any]]
 
@@ -95,11 +103,26 @@ def _threads(cfg: ExecutorConfig, workers: int) -> int:
     return max(1, available_cpus() // workers)
 
 
-def _init_worker(slots: Any, threads: int) -> None:
-    gpu = slots.get()
-    if gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # before CUDA is first touched in this process
-    torch.set_num_threads(threads)
+class TaskFailure:
+    """A task that did not finish: ``reason`` says why (the exception, a timeout, a worker process that died)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"TaskFailure({self.reason!r})"
+
+
+class TaskTimeout(Exception):
+    """A task ran past ``failures.timeout_s``."""
+
+
+# Errors in the settings or the data are the user's to fix, not a client's failure: they always stop the run.
+_FATAL = (ConfigError, DataError)
+
+
+def _describe(err: BaseException) -> str:
+    return " ".join(f"{type(err).__name__}: {err}".split())[:500]
 
 
 def _run(fn: Callable[..., Any], kwargs: dict[str, Any], returns_model: bool) -> tuple[Any, Any]:
@@ -108,12 +131,75 @@ def _run(fn: Callable[..., Any], kwargs: dict[str, Any], returns_model: bool) ->
     return (kwargs.get("model") if returns_model else None), out
 
 
+def _worker_main(conn: Connection, gpu: Optional[int], threads: int) -> None:
+    """A worker process: run ``(index, fn, kwargs, returns_model)`` messages until ``None`` arrives."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle (it stops the workers)
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # before CUDA is first touched in this process
+    torch.set_num_threads(threads)
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        index, fn, kwargs, returns_model = message
+        conn.send((index, None, None, None))  # started: the timeout counts from here, not from the worker's start-up
+        if returns_model and kwargs.get("model") is not None:
+            # the received weights share memory with the main process's model (torch's shared-memory pickling):
+            # train a private copy, so that a task that fails half-way leaves the caller's model untouched
+            kwargs = {**kwargs, "model": copy.deepcopy(kwargs["model"])}
+        try:
+            reply = (index, True, *_run(fn, kwargs, returns_model))
+        except BaseException as err:  # sent back whole when it pickles, so the main process re-raises the same type
+            reply = (index, False, None, err)
+        try:
+            conn.send(reply)
+        except Exception as err:  # an exception that does not pickle
+            conn.send((index, False, None, RuntimeError(_describe(reply[3]) if not reply[1] else _describe(err))))
+
+
+@dataclass(eq=False)
+class _Worker:
+    process: Any
+    conn: Connection
+    gpu: Optional[int]
+    task: Optional[int] = None
+    started: Optional[float] = None  # when the worker began the task (None: not yet)
+
+
+@contextlib.contextmanager
+def _alarm(seconds: Optional[float]):
+    """Raise :class:`TaskTimeout` in this (main) thread after ``seconds``; a no-op without a limit or off the main
+    thread. Python checks signals between bytecodes, so a long native call ends before the timeout fires."""
+    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def fire(signum, frame):
+        raise TaskTimeout(f"ran past failures.timeout_s = {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 class Executor:
     """Runs a stage's tasks; ``map`` yields ``(index, model, output)`` as tasks finish.
 
-    Each task is ``(fn, kwargs)``; ``fn`` trains or reads ``kwargs["model"]`` in place (when there is one)
-    and returns a small output. With ``returns_model`` the (trained) model is yielded too: in parallel mode
-    it is a copy from the worker, which the caller puts in place of its own.
+    Each task is ``(fn, kwargs)``; ``fn`` trains or reads ``kwargs["model"]`` and returns a small output. With
+    ``returns_model`` the trained model is yielded too; it is always a copy (a worker's, or a deep copy in
+    sequential mode), so the caller's model stays as it was until it takes the new one, and a failed task leaves
+    nothing half-trained behind.
+
+    Parallel mode runs its own worker processes (``spawn``), one task each at a time, so it knows which task a
+    worker held: a worker that dies (segfault, OOM kill) or runs past the timeout fails that task only and is
+    replaced; the other tasks go on.
     """
 
     def __init__(self, cfg: ExecutorConfig, accelerator: str = "auto") -> None:
@@ -123,40 +209,147 @@ class Executor:
         self.slots = resolve_devices(cfg.devices, accelerator) * cfg.workers_per_device
         self.parallel = cfg.kind == "parallel" and len(self.slots) > 1
         self.threads = _threads(cfg, len(self.slots) if self.parallel else 1)
-        self._pool: Optional[ProcessPoolExecutor] = None
+        self._workers: list[_Worker] = []
+        self.replaced_workers = 0
 
-    def _start(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            ctx = mp.get_context("spawn")
-            slots = ctx.Queue()
-            for s in self.slots:
-                slots.put(s)
-            self._pool = ProcessPoolExecutor(len(self.slots), mp_context=ctx, initializer=_init_worker,
-                                             initargs=(slots, self.threads))
-        return self._pool
+    # ------------------------------------------------------------------ workers
+    def _spawn(self, gpu: Optional[int]) -> _Worker:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=True)
+        process = ctx.Process(target=_worker_main, args=(child, gpu, self.threads), daemon=True)
+        process.start()
+        child.close()
+        return _Worker(process, parent, gpu)
 
-    def map(self, tasks: Sequence[Task], costs: Optional[Sequence[float]] = None,
-            returns_model: bool = False) -> Iterator[tuple[int, Any, Any]]:
+    def _replace(self, worker: _Worker) -> None:
+        """Stop ``worker`` (it died or hangs) and start a fresh one on the same device slot."""
+        if worker.process.is_alive():
+            worker.process.kill()
+        worker.process.join(timeout=10)
+        worker.conn.close()
+        slot = next(k for k, w in enumerate(self._workers) if w is worker)
+        self._workers[slot] = self._spawn(worker.gpu)
+        self.replaced_workers += 1
+
+    def _start(self) -> None:
+        if not self._workers:
+            self._workers = [self._spawn(gpu) for gpu in self.slots]
+
+    # ------------------------------------------------------------------ map
+    def map(self, tasks: Sequence[Task], costs: Optional[Sequence[float]] = None, returns_model: bool = False,
+            tolerate: bool = False, timeout_s: Optional[float] = None) -> Iterator[tuple[int, Any, Any]]:
+        """Run ``tasks``; yield ``(index, model, output)`` in completion order.
+
+        Args:
+            tasks: ``(fn, kwargs)`` pairs.
+            costs: estimated cost per task; the largest start first (parallel mode).
+            returns_model: yield the trained ``kwargs["model"]`` (a copy) as ``model``.
+            tolerate: a task that raises (anything but a ConfigError or DataError), runs past ``timeout_s`` or
+                loses its worker yields ``(index, None, TaskFailure(reason))`` instead of stopping the stage.
+            timeout_s: seconds one task may run (None: no limit).
+
+        Raises:
+            The task's own exception when not ``tolerate`` (or a ConfigError/DataError); RuntimeError for a lost
+            worker or a timeout when not ``tolerate``.
+        """
         if not self.parallel:
-            previous = torch.get_num_threads()
-            torch.set_num_threads(self.threads)
-            try:
-                for i, (fn, kwargs) in enumerate(tasks):
-                    yield i, kwargs.get("model"), fn(**kwargs)
-            finally:
-                torch.set_num_threads(previous)
-            return
-        pool = self._start()
+            yield from self._sequential(tasks, returns_model, tolerate, timeout_s)
+        else:
+            yield from self._parallel(tasks, costs, returns_model, tolerate, timeout_s)
+
+    def _failed(self, index: int, err: BaseException, tolerate: bool) -> tuple[int, Any, Any]:
+        if not tolerate or isinstance(err, _FATAL):
+            raise err
+        return index, None, TaskFailure(_describe(err))
+
+    def _sequential(self, tasks, returns_model, tolerate, timeout_s):
+        previous = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            for i, (fn, kwargs) in enumerate(tasks):
+                if returns_model and kwargs.get("model") is not None:
+                    kwargs = {**kwargs, "model": copy.deepcopy(kwargs["model"])}
+                try:
+                    with _alarm(timeout_s):
+                        out = fn(**kwargs)
+                except Exception as err:  # KeyboardInterrupt and signals pass through
+                    yield self._failed(i, err, tolerate)
+                    continue
+                yield i, kwargs.get("model"), out
+        finally:
+            torch.set_num_threads(previous)
+
+    def _parallel(self, tasks, costs, returns_model, tolerate, timeout_s):
+        self._start()
+        for worker in list(self._workers):
+            if worker.task is not None:  # left busy by a stage that stopped on an error: its result is stale
+                self._replace(worker)
+        restarts = 0
         # largest estimated cost first, so a big task does not start last and leave workers idle
-        order = sorted(range(len(tasks)), key=lambda i: -(costs[i] if costs else 0.0))
-        futures: dict[Future, int] = {pool.submit(_run, *tasks[i], returns_model): i for i in order}
-        for fut in as_completed(futures):
-            model, out = fut.result()
-            yield futures[fut], model, out
+        pending = sorted(range(len(tasks)), key=lambda i: -(costs[i] if costs else 0.0))
+        busy: dict[int, _Worker] = {}
+        while pending or busy:
+            for worker in self._workers:
+                if worker.task is None and pending:
+                    i = pending.pop(0)
+                    fn, kwargs = tasks[i]
+                    try:
+                        worker.conn.send((i, fn, kwargs, returns_model))
+                    except (BrokenPipeError, EOFError, OSError) as err:  # the worker died while idle
+                        restarts += 1
+                        if restarts > 3 * len(self._workers):
+                            raise RuntimeError(f"worker processes keep dying before they get a task ({err})") from None
+                        self._replace(worker)
+                        pending.insert(0, i)
+                        continue
+                    worker.task, worker.started = i, None
+                    busy[i] = worker
+            if not busy:
+                continue
+            waits = [w.conn for w in busy.values()] + [w.process.sentinel for w in busy.values()]
+            limit = None
+            running = [w.started for w in busy.values() if w.started is not None]
+            if timeout_s and running:
+                limit = max(0.0, min(running) + timeout_s - time.monotonic())
+            ready = set(wait(waits, timeout=limit))
+            for i, worker in list(busy.items()):
+                reply = None
+                if worker.conn in ready:
+                    try:
+                        reply = worker.conn.recv()
+                    except (EOFError, OSError):
+                        reply = None
+                if reply is not None and reply[1] is None:  # the worker has begun the task
+                    worker.started = time.monotonic()
+                elif reply is not None:
+                    busy.pop(i)
+                    worker.task = None
+                    index, ok, model, out = reply
+                    yield (index, model, out) if ok else self._failed(index, out, tolerate)
+                elif worker.process.sentinel in ready or not worker.process.is_alive():
+                    busy.pop(i)
+                    worker.process.join(timeout=10)
+                    code = worker.process.exitcode
+                    self._replace(worker)
+                    yield self._failed(i, RuntimeError(f"the worker process running it died (exit code {code})"),
+                                       tolerate)
+                elif timeout_s and worker.started is not None and time.monotonic() - worker.started > timeout_s:
+                    busy.pop(i)
+                    self._replace(worker)
+                    yield self._failed(i, TaskTimeout(f"ran past failures.timeout_s = {timeout_s:g} s"), tolerate)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-            self._pool = None
-
-
+        """Stop the workers (idle ones exit at once; busy ones are killed)."""
+        for worker in self._workers:
+            try:
+                if worker.task is None:
+                    worker.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for worker in self._workers:
+            worker.process.join(timeout=5)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(timeout=5)
+            worker.conn.close()
+        self._workers = []

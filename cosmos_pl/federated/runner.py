@@ -8,10 +8,15 @@ written at once.
 
 The runner owns uploads and their encoding (exact byte counts), the executor, evaluation and the records; an
 algorithm (``cosmos_pl.algorithms``) owns only its server step and its state.
+
+Issue 9: after every round the whole state goes to a round checkpoint (``federated.checkpoint``) and a run can
+continue from it exactly; a client whose step fails, times out or uploads something malformed is left out of
+that round (``federated.failures``) and every upload is checked before aggregation (``cosmos_pl.uploads``).
 """
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import hashlib
 import math
@@ -31,8 +36,12 @@ from cosmos_pl.algorithms.base import (
 )
 from cosmos_pl.communication import CommunicationConfig, decode, encode, encode_hard, state_dict_bytes
 from cosmos_pl.data import Federation
+from cosmos_pl.errors import DivergenceError
+from cosmos_pl.federated import checkpoint, faults
+from cosmos_pl.federated.checkpoint import CheckpointConfig
 from cosmos_pl.federated.client import Client, ClientConfig
-from cosmos_pl.federated.executor import Executor, ExecutorConfig, Task
+from cosmos_pl.federated.executor import Executor, ExecutorConfig, Task, TaskFailure
+from cosmos_pl.federated.failures import ClientFailed, Failure, FailureConfig, RoundFailed
 from cosmos_pl.federated.recorder import Recorder
 from cosmos_pl.federated.run_directory import atomic_save
 from cosmos_pl.losses import adjust_to_prior
@@ -42,6 +51,7 @@ from cosmos_pl.federated.stages import (
 from cosmos_pl.models import check_backbones, count_parameters, create_backbone
 from cosmos_pl.report import mean_sem
 from cosmos_pl.transforms import Transformations
+from cosmos_pl.uploads import RejectedUpload, UploadSpec, check_upload, check_weights, public_fingerprint
 
 __all__ = ["Runner"]
 
@@ -73,8 +83,12 @@ class Runner:
         transformations: T and d (augmentation on labelled data, views of r_B).
         trainer: devices/precision of every stage; executor: where independent tasks run.
         communication: how soft uploads are encoded.
-        recorder: where rows go (default: kept in memory only).
+        recorder: where rows go (default: kept in memory only); with a run directory, round checkpoints go to
+            its ``checkpoints/`` folder.
         console: where progress and per-round lines are printed.
+        failures: what a failing client does to the round (default: it is skipped).
+        checkpoints: how many round checkpoints to keep (default 2).
+        checkpoint_meta: plain values stored in every checkpoint (the CLI's config hash and W&B run id).
 
     Raises:
         ValueError: bad settings, or a federation the algorithm cannot run (naming the field and the fix).
@@ -86,7 +100,9 @@ class Runner:
                  seed: int = 0, transformations: Optional[Transformations] = None,
                  trainer: Optional[TrainerConfig] = None, executor: Optional[ExecutorConfig] = None,
                  communication: Optional[CommunicationConfig] = None, recorder: Optional[Recorder] = None,
-                 console: Optional[Console] = None) -> None:
+                 console: Optional[Console] = None, failures: Optional[FailureConfig] = None,
+                 checkpoints: Optional[CheckpointConfig] = None,
+                 checkpoint_meta: Optional[dict[str, Any]] = None) -> None:
         if rounds < 1:
             raise ValueError(f"rounds={rounds}: at least 1 communication round is needed")
         if not clients.backbones:
@@ -98,9 +114,20 @@ class Runner:
         self.recorder = recorder or Recorder()
         self.console = console or Console()
         self.executor = Executor(executor or ExecutorConfig(), self.tcfg.accelerator)
+        self.failure_cfg = failures or FailureConfig()
+        self.checkpoint_cfg = checkpoints or CheckpointConfig()
+        self.checkpoint_meta = dict(checkpoint_meta or {})
         self.timer = _Timer()
         self.round_seconds: dict[int, float] = {}
         self.public = federation.public_x
+        self.fingerprint = public_fingerprint(self.public)
+        self.faults = faults.load()  # test-only fault injection (empty unless COSMOS_PL_TEST_FAULTS is set)
+        self.failures: list[Failure] = []  # every failure so far, all rounds
+        self._failed: dict[int, Failure] = {}  # this round's
+        self._client_losses: dict[str, dict[int, dict[str, float]]] = {}  # this round's, per stage and client
+        self._start_models: dict[int, nn.Module] = {}  # each client's model when this round began
+        self.last_checkpoint: Optional[Path] = None
+        self.previous_wall = 0.0  # seconds spent before a resume
         self.stage_losses: dict[int, dict[str, float]] = {}
         self.clusters_info: dict[str, Any] = {}
         backbones = [clients.backbones[i % len(clients.backbones)] for i in range(federation.num_clients)]
@@ -126,14 +153,18 @@ class Runner:
         return create_backbone(name, self.fed.num_classes, self.fed.in_chans, max(self.fed.image_shape))
 
     def run_tasks(self, rnd: int, stage: str, tasks: list[Task], costs: Optional[list[float]] = None,
-                  trains: bool = False) -> list[tuple[Any, Any]]:
-        """Run one stage's independent tasks on the executor; returns ``(model, output)`` in task order."""
+                  trains: bool = False, tolerate: bool = False) -> list[tuple[Any, Any]]:
+        """Run one stage's independent tasks on the executor; returns ``(model, output)`` in task order. With
+        ``tolerate`` (client tasks) a failed task's output is a :class:`TaskFailure` and ``failures.timeout_s``
+        applies; otherwise a failure raises (server tasks: a teacher that fails stops the run)."""
         start = time.perf_counter()
         results: list[Any] = [None] * len(tasks)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=self.console, transient=True) as bar:
             task = bar.add_task(f"round {rnd}: {stage}", total=len(tasks))
-            for i, model, out in self.executor.map(tasks, costs, returns_model=trains):
+            timeout = self.failure_cfg.timeout_s if tolerate else None
+            for i, model, out in self.executor.map(tasks, costs, returns_model=trains, tolerate=tolerate,
+                                                   timeout_s=timeout):
                 results[i] = (model, out)
                 bar.advance(task)
         self.timer.add(rnd, stage, time.perf_counter() - start)
@@ -141,17 +172,33 @@ class Runner:
 
     def _train(self, rnd: int, stage: str, ids: list[int], make: Any) -> None:
         """Train each listed client in place with the task ``make(client)`` and keep its per-epoch losses."""
-        tasks = [make(self.clients[i]) for i in ids]
+        if not ids:
+            return
+        tasks = [self._with_fault(rnd, stage, i, make(self.clients[i])) for i in ids]
         costs = [count_parameters(self.clients[i].model) * len(self.clients[i].data.y) for i in ids]
-        results = self.run_tasks(rnd, stage, tasks, costs, trains=True)
-        last = []
+        results = self.run_tasks(rnd, stage, tasks, costs, trains=True, tolerate=True)
         for i, (model, losses) in zip(ids, results):
+            if isinstance(losses, TaskFailure):
+                self._fail(rnd, i, stage, losses.reason)
+                continue
             self.clients[i].model = model
             if losses:
-                last.append(losses[-1])
-        for key in sorted({k for parts in last for k in parts}):
-            values = [parts[key] for parts in last if key in parts]
-            self.stage_losses.setdefault(rnd, {})[f"{stage.replace(' ', '_')}_{key}"] = sum(values) / len(values)
+                self._client_losses.setdefault(stage, {})[i] = losses[-1]
+        self._settle_losses(rnd)
+
+    def _settle_losses(self, rnd: int) -> None:
+        """The round's mean last-epoch loss per client stage, over the clients that have not failed this round
+        (a client that fails later in the round drops out of every mean, as if it had sat the round out)."""
+        row = self.stage_losses.setdefault(rnd, {})
+        for stage, per_client in self._client_losses.items():
+            last = [parts for i, parts in sorted(per_client.items()) if i not in self._failed]
+            for key in sorted({k for parts in per_client.values() for k in parts}):
+                values = [parts[key] for parts in last if key in parts]
+                name = f"{stage.replace(' ', '_')}_{key}"
+                if values:
+                    row[name] = sum(values) / len(values)
+                else:
+                    row.pop(name, None)
 
     # ----------------------------------------------------------------- client steps
     def local_fit(self, rnd: int, epochs: int, ids: list[int]) -> None:
@@ -164,18 +211,54 @@ class Runner:
                 optimizer_key="clients.optimizer")))
 
     def upload(self, rnd: int, kind: str, ids: list[int]) -> tuple[dict[int, Any], int]:
-        """What the listed clients send: ``({id: decoded [n, M] or state dict}, bytes per client)``."""
+        """What the listed clients send, checked: ``({id: decoded [n, M] or state dict}, bytes per client)``.
+
+        A client whose prediction fails or whose upload fails :func:`cosmos_pl.uploads.check_upload` is failed
+        for the round and its upload is dropped here, before any aggregation."""
+        if not ids:
+            return {}, 0
         if kind == "weights":
             states = {i: {k: v.detach().clone() for k, v in self.clients[i].model.state_dict().items()
                           if v.is_floating_point()} for i in ids}
-            return states, max(state_dict_bytes(s) for s in states.values())
-        tasks = [(predict_probs, dict(model=self.clients[i].model, x=self.public, trainer=self.tcfg,
-                                      where=f"round {rnd}, pseudo-labels on U, client {i}")) for i in ids]
+            reference = states[ids[0]]
+            valid = {}
+            for i, state in states.items():
+                try:
+                    check_weights(state, reference)
+                    valid[i] = state
+                except RejectedUpload as err:
+                    self._fail(rnd, i, "upload", f"rejected: {err}")
+            return valid, max(state_dict_bytes(s) for s in states.values())
+        tasks = [self._with_fault(rnd, "pseudo-labels", i, (predict_probs, dict(
+            model=self.clients[i].model, x=self.public, trainer=self.tcfg,
+            where=f"round {rnd}, pseudo-labels on U, client {i}"))) for i in ids]
         costs = [count_parameters(self.clients[i].model) * len(self.public) for i in ids]
-        results = self.run_tasks(rnd, "pseudo-labels", tasks, costs)
-        payloads = {i: (encode_hard(probs) if kind == "hard" else encode(probs, self.comm.upload_dtype, self.comm.top_k))
-                    for i, (_, probs) in zip(ids, results)}
-        return {i: decode(p) for i, p in payloads.items()}, max(p.nbytes for p in payloads.values())
+        results = self.run_tasks(rnd, "pseudo-labels", tasks, costs, tolerate=True)
+        hard = kind == "hard"
+        spec = UploadSpec(len(self.public), self.fed.num_classes, "index" if hard else self.comm.upload_dtype,
+                          None if hard else self.comm.top_k, self.fingerprint)
+        decoded, sizes = {}, []
+        for i, (_, probs) in zip(ids, results):
+            if isinstance(probs, TaskFailure):
+                self._fail(rnd, i, "pseudo-labels", probs.reason)
+                continue
+            try:
+                payload = encode_hard(probs, self.fingerprint) if hard else \
+                    encode(probs, self.comm.upload_dtype, self.comm.top_k, self.fingerprint)
+            except DivergenceError as err:
+                self._fail(rnd, i, "upload", str(err))
+                continue
+            fault = faults.find(self.faults, rnd, i, "upload")
+            if fault in faults.UPLOAD_KINDS:
+                payload = faults.corrupt(payload, fault)
+            try:
+                check_upload(payload, spec)
+            except RejectedUpload as err:
+                self._fail(rnd, i, "upload", f"rejected: {err}")
+                continue
+            sizes.append(payload.nbytes)  # what one accepted upload costs
+            decoded[i] = decode(payload)
+        return decoded, max(sizes, default=0)
 
     def distill(self, rnd: int, step: Distill, targets: dict[int, torch.Tensor], ids: list[int]) -> None:
         """KL (+ lambda r_B) to each client's target on U (COSMOS Eq. 2; FedMD's digest)."""
@@ -216,8 +299,10 @@ class Runner:
         for all its algorithms, with identical numbers. A file lock lets runs side by side wait for each other.
         """
         ids = [c.id for c in self.clients]
+        self._begin_round()
         if cache is None:
             self.local_fit(0, self.ccfg.pretrain_epochs, ids)
+            self._check_fraction(0)
             return
         digest = hashlib.sha256(f"{key}|threads={self.executor.threads}|shared_init={self.algorithm.shared_init}"
                                 .encode()).hexdigest()[:16]
@@ -233,20 +318,72 @@ class Runner:
                 self.console.print(f"round 0: client models loaded from {path}")
                 return
             self.local_fit(0, self.ccfg.pretrain_epochs, ids)
+            self._check_fraction(0)
+            if self._failed:  # a round 0 with failed clients is not shared with other runs
+                return
             atomic_save({"models": [c.model.state_dict() for c in self.clients],
                          "losses": self.stage_losses.get(0, {})}, path)
 
+    # ----------------------------------------------------------------- failures
+    def _begin_round(self) -> None:
+        self._failed = {}
+        self._client_losses = {}
+        # models are replaced, never trained in place (the executor trains copies): these references are the
+        # models each client had when the round began, what a failed client keeps
+        self._start_models = {c.id: c.model for c in self.clients}
+
+    def _with_fault(self, rnd: int, stage: str, client: int, task: Task) -> Task:
+        kind = faults.find(self.faults, rnd, client, stage) if self.faults else None
+        if kind not in faults.TASK_KINDS:
+            return task
+        fn, kwargs = task
+        return faults.run_with_fault, {"_fault_fn": fn, "_fault_kind": kind, **kwargs}
+
+    def _fail(self, rnd: int, client: int, step: str, reason: str) -> None:
+        """Mark ``client`` failed in ``step`` of round ``rnd``: it keeps its model from the round's start and sits
+        out the rest of the round (``failures.on_error: skip``), or the run stops (``abort``)."""
+        failure = Failure(rnd, client, step, reason)
+        self._failed[client] = failure
+        self.failures.append(failure)
+        self.clients[client].model = self._start_models[client]
+        self.console.print(f"round {rnd}: client {client} failed in {step}: {reason}")
+        if self.failure_cfg.on_error == "abort":
+            raise ClientFailed(f"round {rnd}: client {client} failed in {step} ({reason}) and failures.on_error is "
+                               "'abort': the run stops at the last complete round")
+
+    def _check_fraction(self, rnd: int) -> None:
+        n = len(self.clients)
+        ok = n - len(self._failed)
+        if ok < self.failure_cfg.min_fraction * n or ok == 0:
+            first = next(iter(self._failed.values()))
+            raise RoundFailed(f"round {rnd}: only {ok} of {n} clients finished it (failures.min_fraction = "
+                              f"{self.failure_cfg.min_fraction}), so it is not committed and the run stops at the last "
+                              f"complete round; every failure is in the log above, the first: client {first.client} "
+                              f"in {first.step}: {first.reason}")
+
+    # ----------------------------------------------------------------- rounds
     def train_round(self, rnd: int) -> dict[str, int]:
-        """Run the algorithm's plan for round ``rnd`` >= 1; returns the bytes moved per client."""
-        ids = [c.id for c in self.clients]
+        """Run the algorithm's plan for round ``rnd`` >= 1; returns the bytes moved per client.
+
+        Raises:
+            RoundFailed: fewer than ``failures.min_fraction`` of the clients finished the round.
+            ClientFailed: a client failed and ``failures.on_error`` is 'abort'.
+        """
+        self._begin_round()
+        ids = [c.id for c in self.clients if faults.find(self.faults, rnd, c.id, "round") != "drop"]
         result: Optional[ServerResult] = None
         comm = {"upload_bytes_per_client": 0, "download_bytes_per_client": 0}
         for step in self.algorithm.plan(rnd):
-            served = [i for i in ids if result is not None and i in result.targets]
+            active = [i for i in ids if i not in self._failed]
+            served = [i for i in active if result is not None and i in result.targets]
             if isinstance(step, LocalFit):
-                self.local_fit(rnd, step.epochs, ids)
+                self.local_fit(rnd, step.epochs, active)
             elif isinstance(step, Upload):
-                uploads, comm["upload_bytes_per_client"] = self.upload(rnd, step.kind, ids)
+                uploads, comm["upload_bytes_per_client"] = self.upload(rnd, step.kind, active)
+                if not uploads:
+                    self._check_fraction(rnd)
+                    raise RoundFailed(f"round {rnd}: no client sent a valid upload; the run stops at the last "
+                                      "complete round (see the reasons above)")
                 result = self.algorithm.server_step(rnd, uploads)
                 comm["download_bytes_per_client"] = result.download_bytes
                 self.stage_losses.setdefault(rnd, {}).update(result.losses)
@@ -258,10 +395,14 @@ class Runner:
             elif isinstance(step, UnionFit):
                 self.union_fit(rnd, step, result.targets, served)
             elif isinstance(step, LoadWeights):
-                for i in served:
-                    self.clients[i].model.load_state_dict(result.targets[i], strict=False)
+                for i in served:  # into a copy: the round-start model stays intact for a failure
+                    model = copy.deepcopy(self.clients[i].model)
+                    model.load_state_dict(result.targets[i], strict=False)
+                    self.clients[i].model = model
             else:  # pragma: no cover - a new step kind without runner support
                 raise TypeError(f"unknown client step {step!r}")
+        self._settle_losses(rnd)
+        self._check_fraction(rnd)
         return comm
 
     def _write_clusters(self) -> None:
@@ -303,8 +444,10 @@ class Runner:
             test, val = scores[(c.id, "test")], scores.get((c.id, "val"))
             teacher, own = test.get("teacher", {}), test["client"]
             cluster = self.algorithm.cluster_of(c.id)
+            failure = self._failed.get(c.id)
             row = {"round": rnd, "client": c.id, "backbone": c.backbone, "cluster": -1 if cluster is None else cluster,
-                   "teacher_acc": teacher.get("top1"), "client_acc": own["top1"]}
+                   "teacher_acc": teacher.get("top1"), "client_acc": own["top1"],
+                   "failed_step": failure.step if failure else "", "failure": failure.reason if failure else ""}
             if "top5" in own:
                 row.update(teacher_top5=teacher.get("top5"), client_top5=own["top5"])
             if val is not None:  # the validation split: what settings are chosen on (never the test split)
@@ -319,6 +462,7 @@ class Runner:
                 row[f"{key}_mean"], row[f"{key}_sem"] = (stats["mean"], stats["sem"]) if stats["n"] else (None, None)
                 covered[key] = stats["n"]
         row.update(comm or {"upload_bytes_per_client": 0, "download_bytes_per_client": 0})
+        row["failed_clients"] = len(self._failed)
         scored = "teacher" if self.algorithm.scored == "teacher" and row["teacher_acc_mean"] is not None else "client"
         row["personalized_acc_mean"], row["personalized_acc_sem"] = row[f"{scored}_acc_mean"], row[f"{scored}_acc_sem"]
         row["personalized_acc_clients"] = covered[f"{scored}_acc"]
@@ -335,24 +479,73 @@ class Runner:
         return row
 
     # ----------------------------------------------------------------- the run
-    def run(self, round0_cache: Optional[Path] = None, round0_key: str = "") -> dict[str, Any]:
-        """Round 0 and rounds 1..R; returns the summary (also written to summary.json). ``round0_cache`` and
-        ``round0_key``: see :meth:`pretrain`."""
+    def run(self, round0_cache: Optional[Path] = None, round0_key: str = "",
+            resume: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        """Round 0 and rounds 1..R, a checkpoint after each; returns the summary (also written to summary.json).
+        ``round0_cache`` and ``round0_key``: see :meth:`pretrain`. ``resume``: a checkpoint
+        (:func:`cosmos_pl.federated.checkpoint.load_latest`) to continue from, after its round."""
         start = time.perf_counter()
         try:
-            self.pretrain(round0_cache, round0_key)
-            self.evaluate(0, "local-only")
-            self.round_seconds[0] = time.perf_counter() - start
-            for rnd in range(1, self.rounds + 1):
+            if resume is None:
+                self.pretrain(round0_cache, round0_key)
+                self.evaluate(0, "local-only")
+                self.round_seconds[0] = time.perf_counter() - start
+                self._checkpoint(0, start)
+                first = 1
+            else:
+                self.load_state_dict(resume)
+                first = int(resume["round"]) + 1
+                self.console.print(f"resumed after round {first - 1} from {self.last_checkpoint}")
+            for rnd in range(first, self.rounds + 1):
                 round_start = time.perf_counter()
                 comm = self.train_round(rnd)
                 self.evaluate(rnd, self.algorithm.phase(rnd), comm)
                 self.round_seconds[rnd] = time.perf_counter() - round_start
+                self._checkpoint(rnd, start)
         finally:
             self.executor.close()
-        summary = self.summary(time.perf_counter() - start)
+        summary = self.summary(self.previous_wall + time.perf_counter() - start)
         self.recorder.write_summary(summary)
         return summary
+
+    # ----------------------------------------------------------------- checkpoints
+    def _checkpoint(self, rnd: int, start: float) -> None:
+        run_dir = self.recorder.run_dir
+        if run_dir is None:
+            return
+        state = self.state_dict()
+        state["runner"]["wall"] = self.previous_wall + time.perf_counter() - start
+        self.last_checkpoint = checkpoint.save(run_dir.path, rnd, state, self.checkpoint_cfg.keep)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs after the last evaluated round (tensors and plain values only)."""
+        return {
+            **self.checkpoint_meta,
+            "clients": [c.model.state_dict() for c in self.clients],
+            "algorithm": self.algorithm.state_dict(),
+            "records": self.recorder.state_dict(),
+            "runner": {"clusters_info": self.clusters_info,
+                       "round_seconds": {str(k): v for k, v in self.round_seconds.items()},
+                       "stage_seconds": dict(self.timer.seconds), "stage_seconds_by_round": dict(self.timer.by_round),
+                       "failures": [f.as_dict() for f in self.failures]},
+            "rng": checkpoint.capture_rng(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` into this freshly built runner (same config, hence same models)."""
+        for c, weights in zip(self.clients, state["clients"]):
+            c.model.load_state_dict(weights)
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.recorder.load_state_dict(state["records"])
+        r = state["runner"]
+        self.clusters_info = dict(r["clusters_info"])
+        if self.clusters_info:
+            self.recorder.write_json("clusters.json", self.clusters_info)
+        self.round_seconds = {int(k): v for k, v in r["round_seconds"].items()}
+        self.timer.seconds, self.timer.by_round = dict(r["stage_seconds"]), dict(r["stage_seconds_by_round"])
+        self.failures = [Failure(**f) for f in r["failures"]]
+        self.previous_wall = float(r.get("wall", 0.0))
+        checkpoint.restore_rng(state["rng"])  # last: building the models above drew from the global generators
 
     def summary(self, wall: float) -> dict[str, Any]:
         """The headline (final round), the best round, round 0, clusters, communication and timings."""
@@ -392,6 +585,7 @@ class Runner:
                 "parameter_bytes_per_client": [count_parameters(c.model) * 4 for c in self.clients],
             },
             "num_clients": len(self.clients),
+            "failures": [f.as_dict() for f in self.failures],
             "backbones": {"clients": [c.backbone for c in self.clients],
                           "teacher": getattr(self.algorithm, "teacher_backbone", None)},
             "wall_seconds": round(wall, 2),

@@ -1,8 +1,5 @@
-"""Client clustering by pseudo-label distance: COSMOS Algorithm 1 (greedy threshold clustering).
-
-The server sees only the uploaded pseudo-labels ``[N, n, M]``; it never reads ground-truth groups
-(pitfall 3). The number of clusters K is an outcome of the threshold B0, not an input.
-"""
+"""The clustering code as it was before issue 9 (O(N^2) clusterings for ``auto``, an ``[N, n, M]`` difference
+tensor per client): kept verbatim as the reference the fast implementation must agree with (tests only)."""
 
 from __future__ import annotations
 
@@ -14,7 +11,6 @@ import torch
 
 from cosmos_pl.errors import DataError, DivergenceError
 
-__all__ = ["pairwise_distances", "greedy_clustering", "otsu_threshold", "silhouette_threshold", "resolve_b0", "B0"]
 
 B0 = Union[float, Literal["auto", "otsu", "inf"]]
 
