@@ -252,6 +252,16 @@ def _resume_config(cfg: Namespace, parser: ArgumentParser) -> Namespace:
     """
     run_dir = Path(cfg.resume)
     path = run_dir / "config.yaml"
+    if not run_dir.is_dir():
+        raise ConfigError(f"--resume={str(run_dir)!r}: {'is a file' if run_dir.exists() else 'does not exist'}; give "
+                          "the run directory of an earlier `cosmos-pl fit` (it holds config.yaml and checkpoints/)")
+    # a resumed run stays in its own folder: another --run_dir or --overwrite would be silently ignored
+    if cfg.run_dir is not None and Path(cfg.run_dir).resolve() != run_dir.resolve():
+        raise ConfigError(f"--run_dir={cfg.run_dir!r} with --resume={str(run_dir)!r}: a run resumes in its own "
+                          "folder; drop --run_dir (copy the folder first to keep the interrupted state)")
+    if cfg.overwrite:
+        raise ConfigError(f"--overwrite=true with --resume={str(run_dir)!r}: resuming keeps the run's files; drop "
+                          "--overwrite, or start a new run without --resume")
     if not path.is_file():
         raise ConfigError(f"--resume={str(run_dir)!r}: no config.yaml there; give the run directory of an earlier "
                           "`cosmos-pl fit` (it holds config.yaml and checkpoints/)")
@@ -336,6 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         result = run(args)
+        if argv is None:  # the console script: the results are written, a late SIGTERM must not turn exit 0 into 143
+            for s in previous:
+                signal.signal(s, signal.SIG_IGN)
+            previous = {}
     except Interrupted as err:
         return _interrupted(err, command)
     except ArgumentError as err:  # a parse error: unknown key, wrong type, missing config file

@@ -132,6 +132,14 @@ def test_resume_refuses_a_changed_config(killed, tmp_path):
     shutil.copytree(killed, run_dir)
     with pytest.raises(ConfigError, match=r"--resume=.*another config.*rounds \(run: 2, given: 5\)"):
         run(["fit", "--resume", str(run_dir), "--rounds", "5"])
+    # resumed runs stay in their own folder; a missing folder is named as such
+    with pytest.raises(ConfigError, match=r"--run_dir=.* a run resumes in its own folder"):
+        run(["fit", "--resume", str(run_dir), "--run_dir", str(tmp_path / "elsewhere")])
+    with pytest.raises(ConfigError, match=r"--overwrite=true with --resume"):
+        run(["fit", "--resume", str(run_dir), "--overwrite", "true"])
+    with pytest.raises(ConfigError, match=r"does not exist"):
+        run(["fit", "--resume", str(tmp_path / "missing")])
+    assert not (tmp_path / "elsewhere").exists()
 
 
 def test_sigint_exits_130_with_the_resume_command(repo_root, tmp_path):
