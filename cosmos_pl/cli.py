@@ -231,7 +231,7 @@ _NOT_CONFIG = ("config", "resume", "run_dir", "overwrite", "__path__")
 
 
 def _flat(ns: Namespace) -> dict[str, Any]:
-    return {k: v for k, v in ns.clone().as_dict().items() if k not in _NOT_CONFIG}
+    return _plain(ns, _NOT_CONFIG)
 
 
 def _dotted(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -276,8 +276,9 @@ def _resume_config(cfg: Namespace, parser: ArgumentParser) -> Namespace:
     return saved
 
 
-def _plain(cfg: Namespace) -> dict[str, Any]:
-    return {k: v for k, v in cfg.clone().as_dict().items() if k not in ("config", "comparison", "overwrite")}
+def _plain(cfg: Namespace, leave_out: tuple[str, ...] = ("config", "comparison", "overwrite")) -> dict[str, Any]:
+    """The settings as a plain dict, without the top-level keys ``leave_out``."""
+    return {k: v for k, v in cfg.clone().as_dict().items() if k not in leave_out}
 
 
 def run(argv: list[str]) -> Any:
