@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, lazy_instance
 
@@ -112,12 +112,15 @@ def _default_run_dir(cfg: Namespace) -> Path:
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
-    """Run one experiment from a parsed ``fit`` namespace; returns the summary dict."""
+def run_fit(cfg: Namespace, parser: ArgumentParser, transport: Optional[Callable[..., Any]] = None) -> dict[str, Any]:
+    """Run one experiment from a parsed ``fit`` namespace; returns the summary dict.
+
+    ``transport``: builds the runner instead of :class:`~cosmos_pl.federated.runner.Runner` (the in-process
+    executor), with the same arguments plus ``config_yaml`` (the resolved config); :mod:`cosmos_pl.flower`'s
+    ServerApp passes its Flower runner here, so both transports share everything else."""
     from lightning.fabric.utilities.seed import seed_everything
     from rich.console import Console
 
-    from cosmos_pl.data import build_federation
     from cosmos_pl.federated import checkpoint
     from cosmos_pl.federated.recorder import Recorder
     from cosmos_pl.federated.run_directory import RunDirectory
@@ -155,12 +158,7 @@ def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
     try:
         seed_everything(init.seed, verbose=False)
         data_cfg: DataConfig = init.data
-        data = data_cfg.dataset.load()
-        federation = build_federation(
-            data, data_cfg.partitioner, data_cfg.num_clients, public_fraction=data_cfg.public_fraction,
-            test_samples_per_client=data_cfg.test_samples_per_client, max_train_samples=data_cfg.max_train_samples,
-            validation_fraction=data_cfg.validation_fraction, seed=init.seed,
-        )
+        data, federation = data_cfg.build(init.seed)
         validate_against_data(init, federation.num_classes)
         # written once the data is in: a run that failed to load its data leaves no result files behind
         if resume is None:
@@ -174,12 +172,13 @@ def run_fit(cfg: Namespace, parser: ArgumentParser) -> dict[str, Any]:
         })
         console.print(f"[bold]cosmos-pl[/bold] {algorithm.name} on {data.name}: {len(federation.clients)} clients, "
                       f"|U| = {len(federation.public_x)}, M = {federation.num_classes}; run directory {run_path}")
-        runner = Runner(federation, algorithm, init.clients, rounds=init.rounds, seed=init.seed,
-                        transformations=init.transformations, trainer=init.trainer, executor=init.executor,
-                        communication=init.communication, recorder=Recorder(run_dir, tracker), console=console,
-                        failures=init.failures, checkpoints=init.checkpoint,
-                        checkpoint_meta={"config_hash": settings_hash,
-                                         "wandb_run_id": tracker.run_id})
+        extra = {} if transport is None else {"config_yaml": config_yaml}
+        runner = (transport or Runner)(
+            federation, algorithm, init.clients, rounds=init.rounds, seed=init.seed,
+            transformations=init.transformations, trainer=init.trainer, executor=init.executor,
+            communication=init.communication, recorder=Recorder(run_dir, tracker), console=console,
+            failures=init.failures, checkpoints=init.checkpoint,
+            checkpoint_meta={"config_hash": settings_hash, "wandb_run_id": tracker.run_id}, **extra)
         runner.last_checkpoint = resume_path
         try:
             summary = runner.run(Path(cfg.round0_cache) if cfg.round0_cache else None, _round0_key(cfg), resume)

@@ -79,6 +79,21 @@ class DataConfig:
         check(0 <= self.validation_fraction < 1, "data.validation_fraction", self.validation_fraction,
               "must lie in [0, 1) (0: no validation split)")
 
+    def build(self, seed: int) -> tuple[Any, Any]:
+        """Load the data set and split it: ``(data, federation)``, the same on every machine for the same settings
+        and ``seed`` (the server and every Flower node build it alike, each keeping what it needs).
+
+        Raises:
+            DataError / FileNotFoundError: the data set cannot be loaded (naming the file or the fix).
+        """
+        from cosmos_pl.data import build_federation
+
+        data = self.dataset.load()
+        return data, build_federation(
+            data, self.partitioner, self.num_clients, public_fraction=self.public_fraction,
+            test_samples_per_client=self.test_samples_per_client, max_train_samples=self.max_train_samples,
+            validation_fraction=self.validation_fraction, seed=seed)
+
 
 @dataclass
 class WandbConfig:

@@ -308,12 +308,12 @@ def test_backbones_are_dry_run_on_the_data_shape_and_the_random_state_is_kept():
 ])
 def test_cli_backbone_that_cannot_take_8x8_digits_fails_before_any_training(repo_root, tmp_path, monkeypatch,
                                                                            flags, key):
-    import cosmos_pl.federated.runner as runner
+    import cosmos_pl.federated.client_steps as client_steps
 
     def no_training(*args, **kwargs):
         raise AssertionError("a client trained before the backbones were checked")
 
-    monkeypatch.setattr(runner, "fit_supervised", no_training)
+    monkeypatch.setattr(client_steps, "fit_supervised", no_training)
     with pytest.raises(ConfigError) as err:
         _fit(repo_root, tmp_path, *flags)
     msg = _one_line(err)

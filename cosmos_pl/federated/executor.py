@@ -104,10 +104,11 @@ def _threads(cfg: ExecutorConfig, workers: int) -> int:
 
 
 class TaskFailure:
-    """A task that did not finish: ``reason`` says why (the exception, a timeout, a worker process that died)."""
+    """A task that did not finish: ``reason`` says why (the exception, a timeout, a worker process that died, a
+    node that did not reply); ``step`` names the client step when it is not the stage that ran the task."""
 
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
+    def __init__(self, reason: str, step: Optional[str] = None) -> None:
+        self.reason, self.step = reason, step
 
     def __repr__(self) -> str:
         return f"TaskFailure({self.reason!r})"

@@ -34,9 +34,9 @@ from torch import nn
 from cosmos_pl.algorithms.base import (
     Algorithm, Distill, FederationContext, JointFit, LoadWeights, LocalFit, ServerResult, UnionFit, Upload,
 )
-from cosmos_pl.communication import CommunicationConfig, decode, encode, encode_hard, state_dict_bytes
+from cosmos_pl.communication import CommunicationConfig, decode, state_dict_bytes
 from cosmos_pl.data import Federation
-from cosmos_pl.errors import DivergenceError
+from cosmos_pl.errors import ConfigError, DivergenceError
 from cosmos_pl.federated import checkpoint, faults
 from cosmos_pl.federated.checkpoint import CheckpointConfig
 from cosmos_pl.federated.client import Client, ClientConfig
@@ -44,10 +44,8 @@ from cosmos_pl.federated.executor import Executor, ExecutorConfig, Task, TaskFai
 from cosmos_pl.federated.failures import ClientFailed, Failure, FailureConfig, RoundFailed
 from cosmos_pl.federated.recorder import Recorder
 from cosmos_pl.federated.run_directory import atomic_save
-from cosmos_pl.losses import adjust_to_prior
-from cosmos_pl.federated.stages import (
-    TrainerConfig, evaluate_models, fit_distillation, fit_joint, fit_supervised, predict_probs, stage_seed,
-)
+from cosmos_pl.federated.client_steps import ClientSteps, encode_upload, stage_of
+from cosmos_pl.federated.stages import TrainerConfig, stage_seed
 from cosmos_pl.models import check_backbones, count_parameters, create_backbone
 from cosmos_pl.report import mean_sem
 from cosmos_pl.transforms import Transformations
@@ -137,6 +135,7 @@ class Runner:
                          **algorithm.server_backbones()},
                         federation.num_classes, (federation.in_chans, *federation.image_shape))
         init_id = (lambda i: 0) if algorithm.shared_init else (lambda i: i)
+        self.steps = ClientSteps(seed, clients, self.transformations, self.tcfg, self.public, federation.num_classes)
         self.clients = [Client(i, name, self.make_backbone(name, stage_seed(seed, 0, "init", init_id(i))), data)
                         for i, (name, data) in enumerate(zip(backbones, federation.clients))]
         algorithm.setup(FederationContext(
@@ -170,21 +169,71 @@ class Runner:
         self.timer.add(rnd, stage, time.perf_counter() - start)
         return results
 
-    def _train(self, rnd: int, stage: str, ids: list[int], make: Any) -> None:
-        """Train each listed client in place with the task ``make(client)`` and keep its per-epoch losses."""
+    def _train(self, rnd: int, ids: list[int], step: Any, targets: Optional[dict[int, Any]] = None) -> None:
+        """Train each listed client for one ``step`` (``targets``: what the server sent each) and keep its last
+        epoch's losses; a client whose step fails is failed for the round."""
         if not ids:
             return
-        tasks = [self._with_fault(rnd, stage, i, make(self.clients[i])) for i in ids]
-        costs = [count_parameters(self.clients[i].model) * len(self.clients[i].data.y) for i in ids]
-        results = self.run_tasks(rnd, stage, tasks, costs, trains=True, tolerate=True)
-        for i, (model, losses) in zip(ids, results):
+        stage = stage_of(step)
+        for i, losses in self._client_train(rnd, stage, ids, step, targets or {}).items():
             if isinstance(losses, TaskFailure):
-                self._fail(rnd, i, stage, losses.reason)
-                continue
-            self.clients[i].model = model
-            if losses:
+                self._fail(rnd, i, losses.step or stage, losses.reason)
+            elif losses:
                 self._client_losses.setdefault(stage, {})[i] = losses[-1]
         self._settle_losses(rnd)
+
+    # ----------------------------------------------------------------- the in-process transport
+    # Four methods move work to and from the clients; a multi-machine transport (cosmos_pl.flower) overrides them
+    # and everything else (the round loop, checks, aggregation, records) stays the same.
+    def _client_train(self, rnd: int, stage: str, ids: list[int], step: Any,
+                      targets: dict[int, Any]) -> dict[int, Any]:
+        """Run one training step on the listed clients: ``{id: per-epoch losses or TaskFailure}``."""
+        tasks = [self._with_fault(rnd, stage, i, self.steps.train(self.clients[i], rnd, step, targets.get(i)))
+                 for i in ids]
+        costs = [count_parameters(self.clients[i].model) * len(self.clients[i].data.y) for i in ids]
+        out = {}
+        for i, (model, losses) in zip(ids, self.run_tasks(rnd, stage, tasks, costs, trains=True, tolerate=True)):
+            if not isinstance(losses, TaskFailure):
+                self.clients[i].model = model
+            out[i] = losses
+        return out
+
+    def _client_uploads(self, rnd: int, kind: str, ids: list[int]) -> dict[int, Any]:
+        """The listed clients' encoded pseudo-labels on U: ``{id: Payload or TaskFailure}`` (``kind``: soft or
+        hard), or their float state dicts for ``kind == "weights"``."""
+        if kind == "weights":
+            return {i: {k: v.detach().clone() for k, v in self.clients[i].model.state_dict().items()
+                        if v.is_floating_point()} for i in ids}
+        tasks = [self._with_fault(rnd, "pseudo-labels", i, self.steps.predict(self.clients[i], rnd)) for i in ids]
+        costs = [count_parameters(self.clients[i].model) * len(self.public) for i in ids]
+        out: dict[int, Any] = {}
+        for i, (_, probs) in zip(ids, self.run_tasks(rnd, "pseudo-labels", tasks, costs, tolerate=True)):
+            if isinstance(probs, TaskFailure):
+                out[i] = TaskFailure(probs.reason, "pseudo-labels")
+                continue
+            try:
+                out[i] = encode_upload(probs, kind, self.comm, self.fingerprint)
+            except DivergenceError as err:
+                out[i] = TaskFailure(str(err), "upload")
+        return out
+
+    def _client_load_weights(self, rnd: int, states: dict[int, Any]) -> dict[int, Any]:
+        """Load the server's weights into the listed clients (FedAvg): ``{id: None or TaskFailure}``."""
+        for i, state in states.items():  # into a copy: the round-start model stays intact for a failure
+            model = copy.deepcopy(self.clients[i].model)
+            model.load_state_dict(state, strict=False)
+            self.clients[i].model = model
+        return {i: None for i in states}
+
+    def _client_scores(self, rnd: int) -> dict[tuple[int, str], dict[str, dict[str, float]]]:
+        """Every client's scores per split: ``{(id, "test"|"val"): {model name: {"top1": ..., ...}}}`` for its own
+        f_i (``"client"``) and the algorithm's models for it (COSMOS: ``"teacher"``)."""
+        tasks, keys = [], []
+        for c in self.clients:
+            for split, task in self.steps.evaluate(c, rnd, {"client": c.model, **self.algorithm.eval_models(c.id)}):
+                tasks.append(task)
+                keys.append((c.id, split))
+        return {key: out for key, (_, out) in zip(keys, self.run_tasks(rnd, "evaluation", tasks))}
 
     def _settle_losses(self, rnd: int) -> None:
         """The round's mean last-epoch loss per client stage, over the clients that have not failed this round
@@ -204,11 +253,7 @@ class Runner:
     def local_fit(self, rnd: int, epochs: int, ids: list[int]) -> None:
         """Cross-entropy on each client's own data D_i (round 0: E0 epochs)."""
         if epochs > 0:
-            self._train(rnd, "local training", ids, lambda c: (fit_supervised, dict(
-                model=c.model, x=c.data.x, y=c.data.y, epochs=epochs, batch_size=self.ccfg.batch_size,
-                optimizer=self.ccfg.optimizer, transformations=self.transformations, trainer=self.tcfg,
-                seed=stage_seed(self.seed, rnd, "local", c.id), where=f"round {rnd}, local training, client {c.id}",
-                optimizer_key="clients.optimizer")))
+            self._train(rnd, ids, LocalFit(epochs))
 
     def upload(self, rnd: int, kind: str, ids: list[int]) -> tuple[dict[int, Any], int]:
         """What the listed clients send, checked: ``({id: decoded [n, M] or state dict}, bytes per client)``.
@@ -217,37 +262,29 @@ class Runner:
         for the round and its upload is dropped here, before any aggregation."""
         if not ids:
             return {}, 0
+        received = {}
+        for i, got in self._client_uploads(rnd, kind, ids).items():
+            if isinstance(got, TaskFailure):
+                self._fail(rnd, i, got.step or "upload", got.reason)
+            else:
+                received[i] = got
         if kind == "weights":
-            states = {i: {k: v.detach().clone() for k, v in self.clients[i].model.state_dict().items()
-                          if v.is_floating_point()} for i in ids}
-            reference = states[ids[0]]
+            if not received:
+                return {}, 0
+            reference = next(iter(received.values()))
             valid = {}
-            for i, state in states.items():
+            for i, state in received.items():
                 try:
                     check_weights(state, reference)
                     valid[i] = state
                 except RejectedUpload as err:
                     self._fail(rnd, i, "upload", f"rejected: {err}")
-            return valid, max(state_dict_bytes(s) for s in states.values())
-        tasks = [self._with_fault(rnd, "pseudo-labels", i, (predict_probs, dict(
-            model=self.clients[i].model, x=self.public, trainer=self.tcfg,
-            where=f"round {rnd}, pseudo-labels on U, client {i}"))) for i in ids]
-        costs = [count_parameters(self.clients[i].model) * len(self.public) for i in ids]
-        results = self.run_tasks(rnd, "pseudo-labels", tasks, costs, tolerate=True)
+            return valid, max(state_dict_bytes(s) for s in received.values())
         hard = kind == "hard"
         spec = UploadSpec(len(self.public), self.fed.num_classes, "index" if hard else self.comm.upload_dtype,
                           None if hard else self.comm.top_k, self.fingerprint)
         decoded, sizes = {}, []
-        for i, (_, probs) in zip(ids, results):
-            if isinstance(probs, TaskFailure):
-                self._fail(rnd, i, "pseudo-labels", probs.reason)
-                continue
-            try:
-                payload = encode_hard(probs, self.fingerprint) if hard else \
-                    encode(probs, self.comm.upload_dtype, self.comm.top_k, self.fingerprint)
-            except DivergenceError as err:
-                self._fail(rnd, i, "upload", str(err))
-                continue
+        for i, payload in received.items():
             fault = faults.find(self.faults, rnd, i, "upload")
             if fault in faults.UPLOAD_KINDS:
                 payload = faults.corrupt(payload, fault)
@@ -262,32 +299,15 @@ class Runner:
 
     def distill(self, rnd: int, step: Distill, targets: dict[int, torch.Tensor], ids: list[int]) -> None:
         """KL (+ lambda r_B) to each client's target on U (COSMOS Eq. 2; FedMD's digest)."""
-        if step.prior_correction:  # each client uses its own label counts; nothing extra is sent
-            m = self.fed.num_classes
-            targets = {i: adjust_to_prior(targets[i], torch.bincount(self.clients[i].data.y, minlength=m))
-                       for i in ids}
-        self._train(rnd, "client distillation", ids, lambda c: (fit_distillation, dict(
-            model=c.model, x=self.public, targets=targets[c.id], epochs=step.epochs, batch_size=self.ccfg.batch_size,
-            optimizer=self.ccfg.distill_optimizer, transformations=self.transformations, lam=step.lam,
-            num_views=step.num_views, trainer=self.tcfg, seed=stage_seed(self.seed, rnd, "distill", c.id),
-            target_grad=step.target_grad, augment=step.augment, freeze_bn=step.freeze_bn,
-            where=f"round {rnd}, client distillation, client {c.id}", optimizer_key="clients.distill_optimizer")))
+        self._train(rnd, ids, step, targets)
 
     def joint_fit(self, rnd: int, step: JointFit, targets: dict[int, torch.Tensor], ids: list[int]) -> None:
         """CE on D_i + lambda * KL to the target on U in every step (COMET)."""
-        self._train(rnd, "joint training", ids, lambda c: (fit_joint, dict(
-            model=c.model, x=c.data.x, y=c.data.y, public=self.public, targets=targets[c.id], epochs=step.epochs,
-            batch_size=self.ccfg.batch_size, optimizer=self.ccfg.optimizer, transformations=self.transformations,
-            lam=step.lam, trainer=self.tcfg, seed=stage_seed(self.seed, rnd, "joint", c.id),
-            where=f"round {rnd}, joint training, client {c.id}", optimizer_key="clients.optimizer")))
+        self._train(rnd, ids, step, targets)
 
     def union_fit(self, rnd: int, step: UnionFit, targets: dict[int, torch.Tensor], ids: list[int]) -> None:
         """CE on D_i together with U labelled by the target's argmax (FedCT)."""
-        self._train(rnd, "co-training", ids, lambda c: (fit_supervised, dict(
-            model=c.model, x=torch.cat([c.data.x, self.public]), y=torch.cat([c.data.y, targets[c.id].argmax(1)]),
-            epochs=step.epochs, batch_size=self.ccfg.batch_size, optimizer=self.ccfg.optimizer,
-            transformations=self.transformations, trainer=self.tcfg, seed=stage_seed(self.seed, rnd, "union", c.id),
-            where=f"round {rnd}, co-training, client {c.id}", optimizer_key="clients.optimizer")))
+        self._train(rnd, ids, step, targets)
 
     # ----------------------------------------------------------------- rounds
     def pretrain(self, cache: Optional[Path] = None, key: str = "") -> None:
@@ -395,10 +415,9 @@ class Runner:
             elif isinstance(step, UnionFit):
                 self.union_fit(rnd, step, result.targets, served)
             elif isinstance(step, LoadWeights):
-                for i in served:  # into a copy: the round-start model stays intact for a failure
-                    model = copy.deepcopy(self.clients[i].model)
-                    model.load_state_dict(result.targets[i], strict=False)
-                    self.clients[i].model = model
+                for i, got in self._client_load_weights(rnd, {i: result.targets[i] for i in served}).items():
+                    if isinstance(got, TaskFailure):
+                        self._fail(rnd, i, got.step or "load weights", got.reason)
             else:  # pragma: no cover - a new step kind without runner support
                 raise TypeError(f"unknown client step {step!r}")
         self._settle_losses(rnd)
@@ -429,16 +448,7 @@ class Runner:
         and SEMs over clients skip undefined values, and ``personalized_acc_clients`` counts the clients
         averaged into the headline.
         """
-        m = self.fed.num_classes
-        tasks, splits = [], []
-        for c in self.clients:
-            models = {"client": c.model, **self.algorithm.eval_models(c.id)}
-            for split, x, y in (("test", c.data.x_test, c.data.y_test), ("val", c.data.x_val, c.data.y_val)):
-                if y is not None:  # an empty set scores NaN (stages.evaluate)
-                    tasks.append((evaluate_models, dict(models=models, x=x, y=y, num_classes=m, trainer=self.tcfg,
-                                                        where=f"round {rnd}, evaluation ({split}), client {c.id}")))
-                    splits.append((c.id, split))
-        scores = {key: out for key, (_, out) in zip(splits, self.run_tasks(rnd, "evaluation", tasks))}
+        scores = self._client_scores(rnd)
         per_client = []
         for c in self.clients:
             test, val = scores[(c.id, "test")], scores.get((c.id, "val"))
@@ -533,6 +543,10 @@ class Runner:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` into this freshly built runner (same config, hence same models)."""
+        if len(state["clients"]) != len(self.clients):
+            raise ConfigError(f"this checkpoint holds {len(state['clients'])} client models for {len(self.clients)} "
+                              "clients: a run over Flower keeps the client models on the nodes, so it cannot be "
+                              "resumed in-process; start it again")
         for c, weights in zip(self.clients, state["clients"]):
             c.model.load_state_dict(weights)
         self.algorithm.load_state_dict(state["algorithm"])

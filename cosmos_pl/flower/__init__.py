@@ -1,0 +1,24 @@
+"""cosmos-pl on Flower: the same algorithms and client steps across machines, only pseudo-labels on the wire.
+
+Two transports run one implementation of each algorithm: the in-process executor (``cosmos-pl fit``) and Flower
+(this package). The ``ServerApp`` (:mod:`cosmos_pl.flower.server_app`) drives the same runner, round loop, upload
+checks, aggregation and records as ``cosmos-pl fit``; the ``ClientApp`` (:mod:`cosmos_pl.flower.client_app`) runs
+the same client steps (:mod:`cosmos_pl.federated.client_steps`) on the node that holds the client's data, and
+keeps the client's model there between rounds (node state, plus a checkpoint on the node's disk).
+
+On the wire (:mod:`cosmos_pl.flower.wire`): pseudo-label arrays (dtype and top-k per ``communication``), targets
+and round instructions; model weights only for FedAvg, which averages parameters by definition. ``flwr`` is an
+optional dependency: ``pip install 'cosmos-pl[flower]'``; this package is the only one that imports it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["require_flwr"]
+
+
+def require_flwr() -> None:
+    """Raise ImportError with the install command when ``flwr`` is missing."""
+    try:
+        import flwr  # noqa: F401
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError("cosmos_pl.flower needs Flower: pip install 'cosmos-pl[flower]' (flwr 1.42)") from err

@@ -1,0 +1,90 @@
+"""The Flower ``ServerApp``: ``cosmos-pl fit`` with its clients on Flower nodes.
+
+Its main parses the same YAML configs as ``cosmos-pl fit`` and calls the same :func:`cosmos_pl.cli.run_fit`
+(run directory, config.yaml, metrics.csv, summary.json, W&B) with :class:`~cosmos_pl.flower.server.FlowerRunner`
+as the runner. Its settings come from Flower's run config (``[tool.flwr.app.config]`` in pyproject.toml, or
+``flwr run . --run-config "config='configs/digits_flower.yaml' run-dir='runs/x'"``):
+
+- ``config``: the YAML config (a path relative to the working directory or to the project);
+- ``run-dir``: the run directory (empty: a new ``runs/<config>-<time>``); ``overwrite``: reuse a used one;
+- ``args``: any further ``cosmos-pl fit`` flags, e.g. ``"--seed 1 --rounds 3"``;
+- ``reply-timeout``: seconds a step waits for the nodes' replies (0: ``failures.timeout_s``, else 600);
+- ``join-timeout``: seconds to wait before round 0 for one node per client;
+- ``node-state-dir``: where nodes keep their committed models when their node config gives no ``state-dir``.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+__all__ = ["app", "make_server_app", "fit_argv", "main"]
+
+_PROJECT = Path(__file__).resolve().parents[2]
+
+
+def _config_path(value: str) -> str:
+    path = Path(value).expanduser()
+    if path.is_absolute() or path.exists() or not (_PROJECT / path).exists():
+        return str(path)
+    return str(_PROJECT / path)  # `flwr run .` may start the ServerApp in another working directory
+
+
+def fit_argv(run_config: dict[str, Any]) -> list[str]:
+    """The ``cosmos-pl fit`` arguments a Flower run config stands for.
+
+    Raises:
+        ValueError: ``config`` is missing.
+    """
+    if not run_config.get("config"):
+        raise ValueError("run config 'config' is empty: give a YAML config, e.g. flwr run . --run-config "
+                         "\"config='configs/digits_flower.yaml'\"")
+    argv = ["--config", _config_path(str(run_config["config"]))]
+    if run_config.get("run-dir"):
+        argv += ["--run_dir", str(run_config["run-dir"])]
+    if run_config.get("overwrite"):
+        argv += ["--overwrite", "true"]
+    return argv + shlex.split(str(run_config.get("args", "")))
+
+
+def main(grid: Grid, run_config: dict[str, Any]) -> None:
+    """Run ``cosmos-pl fit`` over the nodes connected to ``grid``.
+
+    Raises:
+        UserError: a bad setting, missing data, nodes that did not join, a round that failed (also printed as one
+            ``cosmos-pl: error:`` line).
+    """
+    from cosmos_pl.cli import build_fit_parser, run_fit
+    from cosmos_pl.errors import UserError
+    from cosmos_pl.flower.server import FlowerRunner
+
+    parser = build_fit_parser()
+    cfg = parser.parse_args(fit_argv(run_config))
+    transport = functools.partial(FlowerRunner, grid=grid,
+                                  reply_timeout_s=float(run_config.get("reply-timeout", 0)) or None,
+                                  join_timeout_s=float(run_config.get("join-timeout", 600)))
+    try:
+        run_fit(cfg, parser, transport)
+    except UserError as err:
+        print(f"cosmos-pl: error: {' '.join(str(err).split())}", flush=True)
+        raise
+
+
+def make_server_app(**defaults: Any) -> ServerApp:
+    """A ServerApp whose run config falls back to ``defaults`` (the keys above, e.g. ``config="..."``,
+    ``**{"run-dir": "..."}``): for ``flwr.simulation.run_simulation``, which passes no run config."""
+    server = ServerApp()
+
+    @server.main()
+    def _main(grid: Grid, context: Context) -> None:
+        main(grid, {**defaults, **{k: v for k, v in dict(context.run_config).items() if v != ""}})
+
+    return server
+
+
+app = make_server_app()
