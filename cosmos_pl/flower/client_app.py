@@ -1,4 +1,4 @@
-"""The Flower ``ClientApp``: each message runs one client step of :mod:`cosmos_pl.flower.node` on this node.
+"""The Flower ``ClientApp``: each message runs the client steps it carries (:mod:`cosmos_pl.flower.node`) on this node.
 
 A step that raises replies ``{"error": {"type", "reason"}}`` instead of content, so the server records the client's
 failure for that round with the reason and goes on with the others (``failures.on_error: skip``).
@@ -25,6 +25,8 @@ app = ClientApp()
 def _reply(message: Message, context: Context, handler: Callable[[RecordDict, Context], RecordDict]) -> Message:
     try:
         content = handler(message.content, context)
+    except node.StepFailed as err:  # a carried training step: named, so the server records the right stage
+        content = RecordDict({"error": ConfigRecord({"type": "StepFailed", "reason": str(err), "stage": err.stage})})
     except Exception as err:  # the client's failure, reported with its reason; the node keeps serving
         reason = " ".join(f"{type(err).__name__}: {err}".split())[:1000]
         content = RecordDict({"error": ConfigRecord({"type": type(err).__name__, "reason": reason})})
@@ -34,11 +36,6 @@ def _reply(message: Message, context: Context, handler: Callable[[RecordDict, Co
 @app.query("hello")
 def _hello(message: Message, context: Context) -> Message:
     return _reply(message, context, node.hello)
-
-
-@app.train("step")
-def _train(message: Message, context: Context) -> Message:
-    return _reply(message, context, node.train)
 
 
 @app.query("pseudo_labels")

@@ -21,7 +21,7 @@ from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
 
 from cosmos_pl.communication import CommunicationConfig
 from cosmos_pl.federated.client import Client
-from cosmos_pl.federated.client_steps import ClientSteps, encode_upload
+from cosmos_pl.federated.client_steps import ClientSteps, encode_upload, stage_of
 from cosmos_pl.federated.executor import available_cpus
 from cosmos_pl.federated.run_directory import atomic_save
 from cosmos_pl.federated.stages import stage_seed
@@ -29,7 +29,7 @@ from cosmos_pl.flower import wire
 from cosmos_pl.models import create_backbone
 from cosmos_pl.uploads import public_fingerprint
 
-__all__ = ["NodeRun", "load_run", "model_digest", "hello", "train", "pseudo_labels", "weights", "load_weights",
+__all__ = ["NodeRun", "StepFailed", "load_run", "model_digest", "hello", "pseudo_labels", "weights", "load_weights",
            "scores", "unpack_scores", "DEFAULT_STATE_DIR"]
 
 DEFAULT_STATE_DIR = Path.home() / ".cache" / "cosmos-pl" / "flower"
@@ -182,24 +182,40 @@ def hello(content: RecordDict, context: Context) -> RecordDict:
         "public_fingerprint": run.fingerprint, "backbone": run.backbone(cid)})})
 
 
-def train(content: RecordDict, context: Context) -> RecordDict:
-    """One training step of the round (LocalFit, Distill, JointFit, UnionFit); replies the last epoch's losses."""
-    cfg = content["config"]
-    rnd = int(cfg["round"])
-    step = wire.config_to_step(dict(cfg))
-    run, client = _client(context, rnd)
-    target = wire.record_to_tensors(content["arrays"])["target"] if "arrays" in content else None
-    fn, kwargs = run.steps.train(client, rnd, step, target)
-    losses = fn(**kwargs)
-    _keep_working(context, rnd, client.model)
-    return RecordDict({"metrics": MetricRecord({k: float(v) for k, v in (losses[-1] if losses else {}).items()})})
+class StepFailed(Exception):
+    """A training step carried by a message failed on the node; ``stage`` names it (``"client distillation"``)."""
+
+    def __init__(self, stage: str, err: BaseException) -> None:
+        super().__init__(" ".join(f"{type(err).__name__}: {err}".split())[:1000])
+        self.stage = stage
+
+
+def _run_steps(content: RecordDict, run: NodeRun, client: Client, rnd: int) -> dict[str, float]:
+    """Run the training steps the message carries (:func:`wire.steps_to_record`), in order, on ``client.model``;
+    returns their last-epoch losses as ``{"s<j>.<name>": value}``.
+
+    Raises:
+        StepFailed: a step raised (a non-finite loss, ...); the steps after it do not run.
+    """
+    cfg = dict(content["config"])
+    arrays = wire.record_to_tensors(content["arrays"]) if "arrays" in content else {}
+    out: dict[str, float] = {}
+    for j, (step, target) in enumerate(wire.record_to_steps(cfg, arrays)):
+        fn, kwargs = run.steps.train(client, rnd, step, target)
+        try:
+            losses = fn(**kwargs)
+        except Exception as err:
+            raise StepFailed(stage_of(step), err) from err
+        out.update({f"s{j}.{k}": float(v) for k, v in (losses[-1] if losses else {}).items()})
+    return out
 
 
 def pseudo_labels(content: RecordDict, context: Context) -> RecordDict:
-    """The client's pseudo-labels on U, encoded per the round's options.
+    """Run the carried training steps, then reply the client's pseudo-labels on U encoded per the round's options.
 
     Raises:
         ValueError: the server's U fingerprint differs from this node's (the client does not answer for another U).
+        StepFailed: a carried training step failed.
     """
     cfg = content["config"]
     rnd = int(cfg["round"])
@@ -207,45 +223,62 @@ def pseudo_labels(content: RecordDict, context: Context) -> RecordDict:
     if str(cfg["public_fingerprint"]) != run.fingerprint:
         raise ValueError(f"round {rnd}: the server asks for pseudo-labels on U with fingerprint "
                          f"{cfg['public_fingerprint']}, this node holds {run.fingerprint}; not answering")
+    losses = _run_steps(content, run, client, rnd)
+    _keep_working(context, rnd, client.model)
     top_k = int(cfg["top_k"]) if int(cfg["top_k"]) > 0 else None
     fn, kwargs = run.steps.predict(client, rnd)
     payload = encode_upload(fn(**kwargs), str(cfg["kind"]), CommunicationConfig(str(cfg["dtype"]), top_k),
                             run.fingerprint)
     arrays, meta = wire.payload_to_record(payload)
-    return RecordDict({"arrays": arrays, "config": ConfigRecord(meta)})
+    return RecordDict({"arrays": arrays, "config": ConfigRecord(meta), "losses": MetricRecord(losses)})
 
 
 def weights(content: RecordDict, context: Context) -> RecordDict:
-    """The float tensors of the client's model (FedAvg only: parameter averaging needs them)."""
-    _, client = _client(context, int(content["config"]["round"]))
+    """Run the carried training steps, then reply the float tensors of the client's model (FedAvg only: parameter
+    averaging needs them)."""
+    rnd = int(content["config"]["round"])
+    run, client = _client(context, rnd)
+    losses = _run_steps(content, run, client, rnd)
+    _keep_working(context, rnd, client.model)
     return RecordDict({"arrays": wire.tensors_to_record(
-        {k: v for k, v in client.model.state_dict().items() if v.is_floating_point()})})
+        {k: v for k, v in client.model.state_dict().items() if v.is_floating_point()}),
+        "losses": MetricRecord(losses)})
 
 
 def load_weights(content: RecordDict, context: Context) -> RecordDict:
-    """Load the server's averaged weights (FedAvg)."""
+    """Load the server's averaged weights (FedAvg; the array record ``weights``)."""
     rnd = int(content["config"]["round"])
     _, client = _client(context, rnd)
-    client.model.load_state_dict(wire.record_to_tensors(content["arrays"]), strict=False)
+    client.model.load_state_dict(wire.record_to_tensors(content["weights"]), strict=False)
     _keep_working(context, rnd, client.model)
     return RecordDict({})
 
 
 def scores(content: RecordDict, context: Context) -> RecordDict:
-    """End of round: roll back if the server says the client failed the round, score the model on the client's
-    own test (and validation) split, commit it. Replies ``{split.model.metric: value}`` and the digest."""
+    """End of round: run the carried training steps; roll back to the committed model if the server says the client
+    failed the round or a step fails here; score the model on the client's own test (and validation) split; commit
+    it. Replies ``{split.model.metric: value}``, the steps' losses, the digest and any failure here."""
     cfg = content["config"]
     rnd = int(cfg["round"])
     meta = _meta(context)
-    if bool(cfg["failed"]):
-        meta["working_round"] = int(meta["committed_round"])  # the model from the round's start
     run, client = _client(context, rnd)
+    failure: dict[str, str] = {}
+    losses: dict[str, float] = {}
+    if not bool(cfg["failed"]):
+        try:
+            losses = _run_steps(content, run, client, rnd)
+        except StepFailed as err:
+            failure = {"failed_step": err.stage, "failure": str(err)}
+    if bool(cfg["failed"]) or failure:
+        meta["working_round"] = int(meta["committed_round"])  # back to the model from the round's start
+        run, client = _client(context, rnd)
     out: dict[str, Any] = {}
     for split, (fn, kwargs) in run.steps.evaluate(client, rnd):
         for name, metrics in fn(**kwargs).items():
             out.update({f"{split}.{name}.{k}": float(v) for k, v in metrics.items()})
     digest = _commit(context, rnd, client.model)
-    return RecordDict({"metrics": MetricRecord(out), "config": ConfigRecord({"digest": digest})})
+    return RecordDict({"metrics": MetricRecord(out), "losses": MetricRecord(losses),
+                       "config": ConfigRecord({"digest": digest, **failure})})
 
 
 def unpack_scores(metrics: MetricRecord) -> dict[str, dict[str, dict[str, float]]]:

@@ -16,10 +16,11 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 
 from cosmos_pl.algorithms.base import LocalFit
 from cosmos_pl.errors import UserError
+from cosmos_pl.federated.client_steps import stage_of
 from cosmos_pl.federated.executor import TaskFailure
 from cosmos_pl.federated.recorder import format_csv
 from cosmos_pl.federated.runner import Runner
@@ -52,6 +53,8 @@ class FlowerRunner(Runner):
         self.join_timeout_s = join_timeout_s
         self.node_of: dict[int, int] = {}  # client id -> node id
         self.reported: dict[int, tuple[int, str]] = {}  # client id -> (round, digest) of its last commit
+        self._lost: set[int] = set()  # node ids the SuperLink reported unavailable: never asked again
+        self._pending: dict[int, list] = {}  # client id -> training steps to send with its next message
         self.traffic: list[dict[str, Any]] = []
         self.joins: list[dict[str, Any]] = []
 
@@ -65,12 +68,16 @@ class FlowerRunner(Runner):
             present = set(self.grid.get_node_ids())
             for cid in [c for c, node in self.node_of.items() if node not in present]:
                 del self.node_of[cid]  # its node left
-            new = sorted(present - set(self.node_of.values()) - set(refused))
+            new = sorted(present - set(self.node_of.values()) - set(refused) - self._lost)
             if new:
                 config = {"config_yaml": self.config_yaml, "public_fingerprint": self.fingerprint}
-                for node_id, reply in self._send(new, wire.HELLO, config, None).items():
+                hello = RecordDict({"config": ConfigRecord(config)})
+                # a node's first message starts its ClientApp (imports, data): before round 0 it may take the whole
+                # join timeout; later (a restarted node) the reply timeout
+                timeout = max(1.0, deadline - time.monotonic()) if wait else self.reply_timeout_s
+                for node_id, reply in self._send(wire.HELLO, {node: hello for node in new}, timeout).items():
                     reason = self._greeted(rnd, node_id, reply)
-                    if reason:
+                    if reason and not reason.startswith("node "):  # a refusal; a node that did not reply is asked again
                         refused[node_id] = reason
             if not wait or len(self.node_of) == n:
                 return
@@ -108,78 +115,113 @@ class FlowerRunner(Runner):
         return None
 
     # ----------------------------------------------------------------- messages
-    def _send(self, nodes: list[int], message_type: str, config: dict[str, Any],
-              arrays: Optional[dict[int, ArrayRecord]]) -> dict[int, Any]:
-        """One message per node; ``{node id: reply content or TaskFailure}``."""
-        messages = []
-        for node_id in nodes:
-            content = RecordDict({"config": ConfigRecord(dict(config))})
-            if arrays is not None and node_id in arrays:
-                content["arrays"] = arrays[node_id]
-            messages.append(Message(content, dst_node_id=node_id, message_type=message_type))
+    def _send(self, message_type: str, contents: dict[int, RecordDict],
+              timeout: Optional[float] = None) -> dict[int, Any]:
+        """One message per node; ``{node id: reply content or TaskFailure}`` (``timeout``: default ``reply_timeout_s``)."""
+        nodes = list(contents)
+        messages = [Message(contents[n], dst_node_id=n, message_type=message_type) for n in nodes]
         out: dict[int, Any] = {}
-        for reply in self.grid.send_and_receive(messages, timeout=self.reply_timeout_s):
-            src = reply.metadata.src_node_id
+        timeout = self.reply_timeout_s if timeout is None else timeout
+        replies = list(self.grid.send_and_receive(messages, timeout=timeout)) if messages else []
+        # by message id: an error the SuperLink writes for a lost node comes from the SuperLink, not the node
+        sent = {m.metadata.message_id: node_id for m, node_id in zip(messages, nodes)}
+        for reply in replies:
+            src = sent.get(reply.metadata.reply_to_message_id)
+            if src is None:  # a late reply to an earlier message
+                continue
             if reply.has_error():
                 out[src] = TaskFailure(f"Flower error {reply.error.code}: {reply.error.reason}")
             elif "error" in reply.content:
-                out[src] = TaskFailure(str(reply.content["error"]["reason"]))
+                error = reply.content["error"]
+                out[src] = TaskFailure(str(error["reason"]), str(error["stage"]) if "stage" in error else None)
             else:
                 out[src] = reply.content
         for node_id in nodes:
             if node_id not in out:
-                out[node_id] = TaskFailure(f"node {node_id} sent no reply within {self.reply_timeout_s:g} s "
-                                           "(stopped or unreachable)")
+                out[node_id] = TaskFailure(f"node {node_id} sent no reply within {timeout:g} s (stopped or unreachable)")
+        for node_id, reply in out.items():
+            if isinstance(reply, TaskFailure) and reply.reason.startswith("Flower error"):
+                self._lost.add(node_id)  # the SuperLink lost it: a restarted node comes back under a new id
         return out
 
-    def _exchange(self, rnd: int, stage: str, message_type: str, config: dict[str, Any], ids: list[int],
-                  arrays: Optional[dict[int, ArrayRecord]] = None) -> dict[int, Any]:
-        """Send one step to the listed clients' nodes; ``{client id: reply content or TaskFailure}``. Bytes each
-        way are recorded per client (``traffic.csv``); a client whose node did not reply loses its node (it
-        rejoins at the start of a later round)."""
+    def _exchange(self, rnd: int, stage: str, message_type: str,
+                  requests: dict[int, tuple[dict[str, Any], dict[str, Any]]]) -> dict[int, Any]:
+        """Send each listed client's request ``(config, arrays)`` to its node, with the training steps queued for it
+        (:meth:`_client_train`); ``{client id: reply content or TaskFailure}``. The queued steps' losses are kept;
+        bytes each way are recorded per client (``traffic.csv``); a client whose node did not reply loses its node
+        (it is greeted again at the start of the next round, or replaced by a restarted node)."""
         start = time.perf_counter()
-        out: dict[int, Any] = {i: TaskFailure("no node holds this client (it left and has not rejoined)")
-                               for i in ids if i not in self.node_of}
-        present = [i for i in ids if i in self.node_of]
-        by_node = {self.node_of[i]: i for i in present}
-        node_arrays = None if arrays is None else {self.node_of[i]: a for i, a in arrays.items() if i in present}
-        replies = self._send(list(by_node), message_type, {"round": rnd, **config}, node_arrays)
-        for node_id, reply in replies.items():
+        out: dict[int, Any] = {}
+        contents, by_node, carried = {}, {}, {}
+        for cid, (config, tensors) in requests.items():
+            steps = self._pending.pop(cid, [])
+            if cid not in self.node_of:
+                out[cid] = TaskFailure("no node holds this client (it left and has not rejoined)",
+                                       stage_of(steps[0][0]) if steps else None)
+                continue
+            step_config, step_arrays = wire.steps_to_record(steps)
+            content = RecordDict({"config": ConfigRecord({"round": rnd, **config, **step_config})})
+            arrays = {**tensors, **step_arrays}
+            records = {k: wire.tensors_to_record(v) for k, v in arrays.items() if isinstance(v, dict)}  # FedAvg
+            flat = {k: v for k, v in arrays.items() if not isinstance(v, dict)}
+            if flat:
+                records["arrays"] = wire.tensors_to_record(flat)
+            for name, record in records.items():
+                content[name] = record
+            node_id = self.node_of[cid]
+            contents[node_id], by_node[node_id], carried[cid] = content, cid, (steps, records)
+        for node_id, reply in self._send(message_type, contents).items():
             cid = by_node[node_id]
+            steps, records = carried[cid]
+            failed = isinstance(reply, TaskFailure)
+            if failed and reply.step is None and steps:  # no reply: the first carried step is the one unfinished
+                reply = TaskFailure(reply.reason, stage_of(steps[0][0]))
             out[cid] = reply
-            sent = wire.array_bytes(None if arrays is None else arrays.get(cid))
-            received = (0, 0) if isinstance(reply, TaskFailure) else wire.array_bytes(reply.get("arrays"))
-            self.traffic.append({"round": rnd, "client": cid, "message": message_type, "stage": stage,
-                                 "sent_bytes": sent[0], "sent_serialized_bytes": sent[1],
-                                 "received_bytes": received[0], "received_serialized_bytes": received[1],
-                                 "ok": not isinstance(reply, TaskFailure)})
-            if isinstance(reply, TaskFailure) and reply.reason.startswith(("node ", "Flower error")):
+            if not failed and steps:
+                self._keep_losses(rnd, cid, steps, reply["losses"])
+            sent = [wire.array_bytes(r) for r in records.values()]
+            received = [] if failed else [wire.array_bytes(reply[k]) for k in ("arrays",) if k in reply]
+            self.traffic.append({
+                "round": rnd, "client": cid, "message": message_type,
+                "stages": "+".join([stage_of(st) for st, _ in steps] + [stage]),
+                "sent_bytes": sum(b[0] for b in sent), "sent_serialized_bytes": sum(b[1] for b in sent),
+                "received_bytes": sum(b[0] for b in received),
+                "received_serialized_bytes": sum(b[1] for b in received), "ok": not failed})
+            if failed and reply.reason.startswith(("node ", "Flower error")):
                 self.node_of.pop(cid, None)
         if self.recorder.run_dir is not None:
             self.recorder.run_dir.write_text("traffic.csv", format_csv(self.traffic))
         self.timer.add(rnd, stage, time.perf_counter() - start)
         return out
 
+    def _keep_losses(self, rnd: int, cid: int, steps: list, losses: Any) -> None:
+        for j, (step, _) in enumerate(steps):
+            prefix = f"s{j}."
+            parts = {k[len(prefix):]: float(v) for k, v in losses.items() if k.startswith(prefix)}
+            if parts:
+                self._client_losses.setdefault(stage_of(step), {})[cid] = parts
+        self._settle_losses(rnd)
+
     # ----------------------------------------------------------------- the transport
     def _client_train(self, rnd: int, stage: str, ids: list[int], step: Any,
                       targets: dict[int, Any]) -> dict[int, Any]:
-        arrays = None if isinstance(step, LocalFit) else \
-            {i: wire.tensors_to_record({"target": targets[i].float()}) for i in ids}
-        replies = self._exchange(rnd, stage, wire.STEP, wire.step_to_config(step), ids, arrays)
-        return {i: r if isinstance(r, TaskFailure) else ([dict(r["metrics"])] if len(r["metrics"]) else [])
-                for i, r in replies.items()}
+        """Queue the step for each client: it travels with the client's next message, which replies its losses
+        (or its failure, recorded then under this step's stage)."""
+        for i in ids:
+            self._pending.setdefault(i, []).append((step, None if isinstance(step, LocalFit) else targets[i]))
+        return {i: [] for i in ids}
 
     def _client_uploads(self, rnd: int, kind: str, ids: list[int]) -> dict[int, Any]:
         if kind == "weights":
-            replies = self._exchange(rnd, "weights", wire.WEIGHTS, {}, ids)
+            replies = self._exchange(rnd, "weights", wire.WEIGHTS, {i: ({}, {}) for i in ids})
             return {i: r if isinstance(r, TaskFailure) else wire.record_to_tensors(r["arrays"])
                     for i, r in replies.items()}
         config = {"kind": kind, "dtype": self.comm.upload_dtype, "top_k": self.comm.top_k or 0,
                   "public_fingerprint": self.fingerprint}
         out: dict[int, Any] = {}
-        for i, r in self._exchange(rnd, "pseudo-labels", wire.PSEUDO_LABELS, config, ids).items():
+        for i, r in self._exchange(rnd, "pseudo-labels", wire.PSEUDO_LABELS, {i: (config, {}) for i in ids}).items():
             if isinstance(r, TaskFailure):
-                out[i] = TaskFailure(r.reason, "pseudo-labels")
+                out[i] = TaskFailure(r.reason, r.step or "pseudo-labels")
                 continue
             try:
                 out[i] = wire.record_to_payload(r["arrays"], dict(r["config"]))
@@ -188,19 +230,30 @@ class FlowerRunner(Runner):
         return out
 
     def _client_load_weights(self, rnd: int, states: dict[int, Any]) -> dict[int, Any]:
-        arrays = {i: wire.tensors_to_record(s) for i, s in states.items()}
-        replies = self._exchange(rnd, "load weights", wire.LOAD_WEIGHTS, {}, list(states), arrays)
+        replies = self._exchange(rnd, "load weights", wire.LOAD_WEIGHTS,
+                                 {i: ({}, {"weights": dict(s)}) for i, s in states.items()})
         return {i: r if isinstance(r, TaskFailure) else None for i, r in replies.items()}
 
     def _client_scores(self, rnd: int) -> dict[tuple[int, str], dict[str, dict[str, float]]]:
-        """Each node scores its own f_i (and commits its model); the server scores its own models for each
-        client (COSMOS: the cluster teacher h_pi(i)) on the client's test split, which it rebuilt from the config."""
-        ids = [c.id for c in self.clients]
-        replies = {}
-        for failed in (False, True):  # the config is per message: one exchange for each value of "failed"
-            group = [i for i in ids if (i in self._failed) == failed]
-            if group:
-                replies.update(self._exchange(rnd, "evaluation", wire.SCORES, {"failed": failed}, group))
+        """Each node runs its queued steps, scores its own f_i and commits its model; the server scores its own
+        models for each client (COSMOS: the cluster teacher h_pi(i)) on the client's test split, which it rebuilt
+        from the config.
+
+        Raises:
+            RoundFailed: with the failures of the queued steps, fewer than ``failures.min_fraction`` of the clients
+                finished the round (it is not committed, as in-process).
+        """
+        replies = self._exchange(rnd, "evaluation", wire.SCORES,
+                                 {c.id: ({"failed": c.id in self._failed}, {}) for c in self.clients})
+        for cid, reply in replies.items():  # a queued step that failed: the client failed the round
+            if cid in self._failed:
+                continue
+            if isinstance(reply, TaskFailure):
+                self._fail(rnd, cid, reply.step or "evaluation", reply.reason)
+            elif "failed_step" in reply["config"]:
+                self._fail(rnd, cid, str(reply["config"]["failed_step"]), str(reply["config"]["failure"]))
+        self._settle_losses(rnd)
+        self._check_fraction(rnd)  # too many failed: the round is not committed, as in-process
         tasks, keys = [], []
         for c in self.clients:
             models = self.algorithm.eval_models(c.id)
@@ -212,11 +265,8 @@ class FlowerRunner(Runner):
         scores: dict[tuple[int, str], dict[str, dict[str, float]]] = {}
         for c in self.clients:
             reply = replies[c.id]
-            if isinstance(reply, TaskFailure):
-                if c.id not in self._failed:
-                    self._fail(rnd, c.id, "evaluation", reply.reason)
-                own: dict[str, Any] = {}
-            else:
+            own: dict[str, Any] = {}
+            if not isinstance(reply, TaskFailure):
                 own = unpack_scores(reply["metrics"])
                 self.reported[c.id] = (rnd, str(reply["config"]["digest"]))
             for split, _ in self.steps.evaluate(c, rnd, {}):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,15 @@ _PROJECT = Path(__file__).resolve().parents[2]
 
 
 def _config_path(value: str) -> str:
+    """A relative config path is looked up in the working directory, then in the app bundle that ``flwr run`` sent
+    (Flower puts its folder on ``sys.path``; it carries ``configs/``), then in the cosmos-pl project."""
     path = Path(value).expanduser()
-    if path.is_absolute() or path.exists() or not (_PROJECT / path).exists():
+    if path.is_absolute() or path.exists():
         return str(path)
-    return str(_PROJECT / path)  # `flwr run .` may start the ServerApp in another working directory
+    for root in [*(Path(p) for p in sys.path if p), _PROJECT]:
+        if (root / path).is_file():
+            return str(root / path)
+    return str(path)  # not found: cosmos-pl fit names the missing file
 
 
 def fit_argv(run_config: dict[str, Any]) -> list[str]:

@@ -7,13 +7,16 @@ message type             server -> node                                         
 =======================  ==========================================================  ==============================
 ``query.hello``          the run's resolved config (YAML text), U's fingerprint      client id, last committed round,
                                                                                      model digest, U's fingerprint
-``train.step``           round, the step (LocalFit, Distill, JointFit, UnionFit),    last epoch's losses
-                         its target ``[n, M]`` float32 (not for LocalFit)
 ``query.pseudo_labels``  round, kind (soft/hard), dtype, top-k, U's fingerprint      the encoded pseudo-labels
 ``query.weights``        round (FedAvg only)                                         the float tensors of the model
 ``train.load_weights``   round, the averaged float tensors (FedAvg only)             -
 ``evaluate.scores``      round, whether the client failed the round (roll back)      top-1/top-5 per split, digest
 =======================  ==========================================================  ==============================
+
+A client's training steps (LocalFit, Distill, JointFit, UnionFit, with the target ``[n, M]`` float32 the server sent
+for it) need no reply of their own: they ride on the client's next message (:func:`steps_to_record`), which runs them
+first and replies their last-epoch losses. A round is then two messages per client (e.g. COSMOS's IFFT: local fit +
+pseudo-labels; distillation + scores), which matters where every message starts a ClientApp process (Flower 1.42).
 
 Arrays travel as ``ArrayRecord`` (numpy's format, no pickle); settings as ``ConfigRecord``; numbers back as
 ``MetricRecord``. Byte counts: :func:`array_bytes` gives the arrays' own bytes (what ``summary.json`` counts) and
@@ -32,10 +35,11 @@ from flwr.app import Array, ArrayRecord
 from cosmos_pl.algorithms.base import Distill, JointFit, LocalFit, Step, UnionFit
 from cosmos_pl.communication import Payload
 
-__all__ = ["HELLO", "STEP", "PSEUDO_LABELS", "WEIGHTS", "LOAD_WEIGHTS", "SCORES", "step_to_config", "config_to_step",
+__all__ = ["HELLO", "PSEUDO_LABELS", "WEIGHTS", "LOAD_WEIGHTS", "SCORES", "step_to_config", "config_to_step",
+           "steps_to_record", "record_to_steps",
            "payload_to_record", "record_to_payload", "tensors_to_record", "record_to_tensors", "array_bytes"]
 
-HELLO, STEP, PSEUDO_LABELS = "query.hello", "train.step", "query.pseudo_labels"
+HELLO, PSEUDO_LABELS = "query.hello", "query.pseudo_labels"
 WEIGHTS, LOAD_WEIGHTS, SCORES = "query.weights", "train.load_weights", "evaluate.scores"
 
 _STEPS = {cls.__name__: cls for cls in (LocalFit, Distill, JointFit, UnionFit)}
@@ -57,6 +61,28 @@ def config_to_step(config: dict[str, Any]) -> Step:
         raise ValueError(f"unknown client step {name!r} (known: {sorted(_STEPS)}): the server and this node run "
                          "different cosmos-pl versions; install the same version on both")
     return _STEPS[name](**{k[5:]: v for k, v in config.items() if k.startswith("step.")})
+
+
+def steps_to_record(steps: list[tuple[Step, Optional[torch.Tensor]]]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Training steps and their targets as ``(config, arrays)``: ``{"steps": k, "s0.step": "LocalFit", ...}`` and
+    ``{"s1.target": [n, M] float32, ...}`` (a step without a target has no array)."""
+    config: dict[str, Any] = {"steps": len(steps)}
+    arrays = {}
+    for j, (step, target) in enumerate(steps):
+        config.update({f"s{j}.{k}": v for k, v in step_to_config(step).items()})
+        if target is not None:
+            arrays[f"s{j}.target"] = target.float()
+    return config, arrays
+
+
+def record_to_steps(config: dict[str, Any], arrays: dict[str, torch.Tensor]) -> list[tuple[Step, Optional[torch.Tensor]]]:
+    """The inverse of :func:`steps_to_record` (no steps: ``[]``)."""
+    out = []
+    for j in range(int(config.get("steps", 0))):
+        prefix = f"s{j}."
+        step = config_to_step({k[len(prefix):]: v for k, v in config.items() if k.startswith(prefix)})
+        out.append((step, arrays.get(f"s{j}.target")))
+    return out
 
 
 def tensors_to_record(tensors: dict[str, torch.Tensor]) -> ArrayRecord:
