@@ -11,7 +11,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 venv: $(VENV)/.installed
 
-# The demo needs the package only; the tests add the `test` extra on top.
+# The demo needs the package only; the tests add the `test` and `flower` extras on top.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned to the release this project is tested with (CPU and CUDA alike)
@@ -22,8 +22,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 	touch $@
 
+# the tests cover the Flower transport too: the `flower` extra (flwr with its simulation engine) comes with them
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,flower]'
 	touch $@
 
 data: $(FMNIST)
