@@ -63,10 +63,10 @@ def run_yaml():
     return parser.dump(cfg, skip_unset=False)
 
 
-def _hello(run_yaml, context, fingerprint=None):
+def _hello(run_yaml, context, fingerprint=None, token="run-a"):
     run = node.load_run(run_yaml)
     return node.hello(RecordDict({"config": ConfigRecord({
-        "config_yaml": run_yaml, "public_fingerprint": fingerprint or run.fingerprint})}), context)
+        "config_yaml": run_yaml, "public_fingerprint": fingerprint or run.fingerprint, "run_token": token})}), context)
 
 
 def _msg(rnd, steps=(), **config):
@@ -103,7 +103,7 @@ def test_failed_round_rolls_back_and_a_restarted_node_continues_from_disk(run_ya
     reply = node.scores(_msg(0, [(LocalFit(1), None)], failed=False), ctx)
     round0 = reply["config"]["digest"]
     assert round0 != initial and set(reply["losses"]) == {"s0.loss"} and reply["losses"]["s0.loss"] > 0
-    saved = torch.load(tmp_path / node.load_run(run_yaml).config_hash / "client_1.pt", weights_only=True)
+    saved = torch.load(tmp_path / "run-a" / "client_1.pt", weights_only=True)
     assert saved["round"] == 0 and saved["digest"] == round0
 
     # round 1: it trains before uploading, then the server says it failed the round: back to its round-0 model
@@ -125,6 +125,10 @@ def test_failed_round_rolls_back_and_a_restarted_node_continues_from_disk(run_ya
     up = node.pseudo_labels(_upload(4, fingerprint), restarted)
     # |U| = 269 public samples x M = 10 classes x 2 bytes (float16)
     assert wire.array_bytes(up["arrays"])[0] == 269 * 10 * 2
+
+    # another run (a new token) on the same node and disk starts from the round-0 model, not this run's
+    other = _hello(run_yaml, _context(tmp_path, 1), token="run-b")["config"]
+    assert other["committed_round"] == -1 and other["digest"] == initial
 
 
 def test_a_step_before_hello_says_what_is_missing(tmp_path):

@@ -4,7 +4,8 @@ The server's ``query.hello`` carries the run's resolved config; the node builds 
 server (same settings and seed) and keeps its own partition: client ``partition-id`` (Flower's node config).
 The client's model lives in the node's state (``context.state``) while a round runs; at the end of each round
 (``evaluate.scores``) it is committed: kept in the node state and written atomically to the node's disk
-(``state-dir``), so a node that is killed and restarted continues from its last committed round. A client that
+(``state-dir/<run token>/client_<id>.pt``), so a node that is killed and restarted continues from its last
+committed round of the same run; the server draws a new run token for every run, so a new run starts afresh. A client that
 failed a round (the server says so) rolls back to its committed model, as in-process.
 """
 
@@ -94,10 +95,10 @@ def model_digest(state: dict[str, torch.Tensor]) -> str:
 
 
 # --------------------------------------------------------------------------- node state
-def _state_file(context: Context, config_hash: str, client_id: int) -> Path:
+def _state_file(context: Context, run_token: str, client_id: int) -> Path:
     where = (context.node_config.get("state-dir") or context.run_config.get("node-state-dir")
              or os.environ.get("COSMOS_PL_NODE_STATE_DIR") or DEFAULT_STATE_DIR)
-    return Path(str(where)).expanduser() / config_hash / f"client_{client_id}.pt"
+    return Path(str(where)).expanduser() / run_token / f"client_{client_id}.pt"
 
 
 def _meta(context: Context) -> ConfigRecord:
@@ -136,7 +137,7 @@ def _commit(context: Context, rnd: int, model: torch.nn.Module) -> str:
     state = model.state_dict()
     digest = model_digest(state)
     atomic_save({"round": rnd, "digest": digest, "model": state},
-                _state_file(context, str(meta["config_hash"]), int(meta["client_id"])))
+                _state_file(context, str(meta["run_token"]), int(meta["client_id"])))
     context.state[_COMMITTED] = wire.tensors_to_record(state)
     context.state[_WORKING] = context.state[_COMMITTED]
     meta["committed_round"], meta["working_round"], meta["digest"] = rnd, rnd, digest
@@ -163,8 +164,9 @@ def hello(content: RecordDict, context: Context) -> RecordDict:
                          f"{cfg['public_fingerprint']}; give the node the same data and cosmos-pl version")
     cid = int(pid)
     meta = context.state.get(_META)
-    if meta is None or str(meta["config_hash"]) != run.config_hash or int(meta["client_id"]) != cid:
-        path = _state_file(context, run.config_hash, cid)
+    token = str(cfg["run_token"])
+    if meta is None or str(meta["run_token"]) != token or int(meta["client_id"]) != cid:
+        path = _state_file(context, token, cid)
         if path.is_file():  # a restarted node: continue from its last committed round
             saved = torch.load(path, weights_only=True)
             state, committed, digest = saved["model"], int(saved["round"]), str(saved["digest"])
@@ -173,7 +175,7 @@ def hello(content: RecordDict, context: Context) -> RecordDict:
             committed, digest = -1, model_digest(state)
         context.state[_COMMITTED] = wire.tensors_to_record(state)
         context.state[_WORKING] = context.state[_COMMITTED]
-        context.state[_META] = ConfigRecord({"config_yaml": str(cfg["config_yaml"]), "config_hash": run.config_hash,
+        context.state[_META] = ConfigRecord({"config_yaml": str(cfg["config_yaml"]), "run_token": token,
                                              "client_id": cid, "committed_round": committed,
                                              "working_round": committed, "digest": digest})
     meta = context.state[_META]

@@ -14,6 +14,7 @@ when it last committed (``nodes.json``). Every message's bytes are recorded per 
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any, Optional
 
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -51,6 +52,8 @@ class FlowerRunner(Runner):
         self.grid, self.config_yaml = grid, config_yaml
         self.reply_timeout_s = float(reply_timeout_s or self.failure_cfg.timeout_s or 600.0)
         self.join_timeout_s = join_timeout_s
+        # names this run on the nodes' disks: a restarted node finds its model, a new run starts from round 0
+        self.run_token = uuid.uuid4().hex[:16]
         self.node_of: dict[int, int] = {}  # client id -> node id
         self.reported: dict[int, tuple[int, str]] = {}  # client id -> (round, digest) of its last commit
         self._lost: set[int] = set()  # node ids the SuperLink reported unavailable: never asked again
@@ -70,7 +73,8 @@ class FlowerRunner(Runner):
                 del self.node_of[cid]  # its node left
             new = sorted(present - set(self.node_of.values()) - set(refused) - self._lost)
             if new:
-                config = {"config_yaml": self.config_yaml, "public_fingerprint": self.fingerprint}
+                config = {"config_yaml": self.config_yaml, "public_fingerprint": self.fingerprint,
+                          "run_token": self.run_token}
                 hello = RecordDict({"config": ConfigRecord(config)})
                 # a node's first message starts its ClientApp (imports, data): before round 0 it may take the whole
                 # join timeout; later (a restarted node) the reply timeout
