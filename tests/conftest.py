@@ -24,3 +24,12 @@ def repo_root():
     from pathlib import Path
 
     return Path(__file__).resolve().parents[1]
+
+
+# The Flower tests are the longest (a localhost deployment, two simulations) and mostly wait on other processes:
+# started first, they overlap with the rest of the suite instead of running alone at its end.
+_FIRST = ("test_flower_deployment.py", "test_flower_simulation.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: 0 if item.path.name in _FIRST else 1)  # stable: the rest keeps its order
