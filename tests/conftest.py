@@ -26,10 +26,17 @@ def repo_root():
     return Path(__file__).resolve().parents[1]
 
 
-# The Flower tests are the longest (a localhost deployment, two simulations) and mostly wait on other processes:
-# started first, they overlap with the rest of the suite instead of running alone at its end.
+# The Flower tests are the longest (a localhost deployment, a simulation) and mostly wait on other processes: started
+# first, on different workers, they overlap with the rest of the suite instead of running alone at its end.
+# pytest-xdist hands each of its W workers a first chunk of max(2, N // W // 4) consecutive tests: the deployment
+# opens the first chunk, the simulation the second.
 _FIRST = ("test_flower_deployment.py", "test_flower_simulation.py")
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: 0 if item.path.name in _FIRST else 1)  # stable: the rest keeps its order
+    first = [item for name in _FIRST for item in items if item.path.name == name]
+    rest = [item for item in items if item.path.name not in _FIRST]
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    chunk = max(2, len(items) // workers // 4) if workers > 1 else 1
+    order = first[:1] + rest[:chunk - 1] + first[1:] + rest[chunk - 1:]
+    items[:] = order
