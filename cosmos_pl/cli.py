@@ -187,7 +187,7 @@ def run_fit(cfg: Namespace, parser: ArgumentParser, transport: Optional[Callable
             raise
         except UserError as err:  # failing clients stopped it: the last complete round is kept
             done = checkpoint.latest_round(run_path)
-            if done is None:
+            if done is None or transport is not None:  # a Flower run is not resumed (its models are on the nodes)
                 raise
             raise type(err)(f"{err}; rounds 0..{done} are saved: fix the cause, then resume with "
                             f"`cosmos-pl fit --resume {run_path}`") from None

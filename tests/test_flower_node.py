@@ -136,6 +136,13 @@ def test_a_step_before_hello_says_what_is_missing(tmp_path):
         node.scores(_msg(1, [(LocalFit(1), None)], failed=False), _context(tmp_path, 0))
 
 
+def test_co_training_targets_travel_as_one_byte_labels():
+    target = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    config, arrays = wire.steps_to_record([(UnionFit(1), target)])
+    assert arrays["s0.labels"].dtype == torch.uint8 and arrays["s0.labels"].tolist() == [1, 0]  # 2 bytes, as FedCT counts
+    assert torch.equal(wire.record_to_steps(config, arrays)[0][1], target)
+
+
 def test_steps_and_targets_travel_in_order():
     target = torch.rand(4, 3)
     config, arrays = wire.steps_to_record([(LocalFit(2), None), (Distill(1, lam=5.0), target)])

@@ -271,7 +271,8 @@ class Runner:
         if kind == "weights":
             if not received:
                 return {}, 0
-            reference = next(iter(received.values()))
+            # the server's own copy of the architecture: the same keys and shapes, whichever upload arrives first
+            reference = {k: v for k, v in self.clients[ids[0]].model.state_dict().items() if v.is_floating_point()}
             valid = {}
             for i, state in received.items():
                 try:

@@ -248,12 +248,14 @@ def weights(content: RecordDict, context: Context) -> RecordDict:
 
 
 def load_weights(content: RecordDict, context: Context) -> RecordDict:
-    """Load the server's averaged weights (FedAvg; the array record ``weights``)."""
+    """Run the carried training steps, then load the server's averaged weights (FedAvg; the array record
+    ``weights``)."""
     rnd = int(content["config"]["round"])
-    _, client = _client(context, rnd)
+    run, client = _client(context, rnd)
+    losses = _run_steps(content, run, client, rnd)
     client.model.load_state_dict(wire.record_to_tensors(content["weights"]), strict=False)
     _keep_working(context, rnd, client.model)
-    return RecordDict({})
+    return RecordDict({"losses": MetricRecord(losses)})
 
 
 def scores(content: RecordDict, context: Context) -> RecordDict:

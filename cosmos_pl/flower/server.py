@@ -7,8 +7,9 @@ for the round with the reason, and the round goes on with the others (``failures
 
 Nodes join by ``query.hello`` at the start of every round: a node the server has not seen (a new one, or one
 restarted after a crash, which comes back under a new node id) says which client it holds, the round its model
-was last committed and that model's digest; the server records whether the digest is the one the client reported
-when it last committed (``nodes.json``). Every message's bytes are recorded per client and round (``traffic.csv``).
+was last committed and that model's digest; the server records, and prints, whether the digest is the one the
+client reported when it last committed (``nodes.json``). A node whose scores reply was lost still commits its model,
+so such a client may rejoin with a newer model than the server recorded: the join says so. Every message's bytes are recorded per client and round (``traffic.csv``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Optional
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from cosmos_pl.algorithms.base import LocalFit
-from cosmos_pl.errors import UserError
+from cosmos_pl.errors import ConfigError, UserError
 from cosmos_pl.federated.client_steps import stage_of
 from cosmos_pl.federated.executor import TaskFailure
 from cosmos_pl.federated.recorder import format_csv
@@ -41,8 +42,9 @@ class FlowerRunner(Runner):
     Args (besides :class:`Runner`'s):
         grid: the ServerApp's ``Grid``.
         config_yaml: the run's resolved config, sent to every node in ``query.hello``.
-        reply_timeout_s: seconds to wait for the replies of one step (default ``failures.timeout_s``, else 600);
-            a node that has not replied by then fails the step.
+        reply_timeout_s: seconds to wait for the replies of one message, which may carry several training steps
+            (default ``failures.timeout_s``, else no limit: a node that stops is reported by the SuperLink once it
+            misses its heartbeats, about a minute); a node that has not replied by then fails the step.
         join_timeout_s: seconds to wait before round 0 for one node per client.
     """
 
@@ -50,13 +52,13 @@ class FlowerRunner(Runner):
                  join_timeout_s: float = 600.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.grid, self.config_yaml = grid, config_yaml
-        self.reply_timeout_s = float(reply_timeout_s or self.failure_cfg.timeout_s or 600.0)
+        timeout = reply_timeout_s or self.failure_cfg.timeout_s
+        self.reply_timeout_s: Optional[float] = float(timeout) if timeout else None
         self.join_timeout_s = join_timeout_s
         # names this run on the nodes' disks: a restarted node finds its model, a new run starts from round 0
         self.run_token = uuid.uuid4().hex[:16]
         self.node_of: dict[int, int] = {}  # client id -> node id
         self.reported: dict[int, tuple[int, str]] = {}  # client id -> (round, digest) of its last commit
-        self._lost: set[int] = set()  # node ids the SuperLink reported unavailable: never asked again
         self._pending: dict[int, list] = {}  # client id -> training steps to send with its next message
         self.traffic: list[dict[str, Any]] = []
         self.joins: list[dict[str, Any]] = []
@@ -71,7 +73,7 @@ class FlowerRunner(Runner):
             present = set(self.grid.get_node_ids())
             for cid in [c for c, node in self.node_of.items() if node not in present]:
                 del self.node_of[cid]  # its node left
-            new = sorted(present - set(self.node_of.values()) - set(refused) - self._lost)
+            new = sorted(present - set(self.node_of.values()) - set(refused))  # online nodes only (Flower)
             if new:
                 config = {"config_yaml": self.config_yaml, "public_fingerprint": self.fingerprint,
                           "run_token": self.run_token}
@@ -85,7 +87,7 @@ class FlowerRunner(Runner):
                         refused[node_id] = reason
             if not wait or len(self.node_of) == n:
                 return
-            if time.monotonic() > deadline or len(self.node_of) + len(refused) >= n:
+            if time.monotonic() > deadline or (len(present) >= n and len(self.node_of) + len(refused) >= len(present)):
                 missing = sorted(set(range(n)) - set(self.node_of))
                 why = f"; a node could not join: {next(iter(refused.values()))}" if refused else ""
                 raise NodesMissing(f"only {len(self.node_of)} of {n} clients joined within {self.join_timeout_s:g} s "
@@ -101,7 +103,7 @@ class FlowerRunner(Runner):
         info = reply["config"]
         cid = int(info["client_id"])
         if cid in self.node_of:
-            reason = f"node {node_id} says it holds client {cid}, which node {self.node_of[cid]} already holds"
+            reason = f"client {cid} is already held by node {self.node_of[cid]}, and node {node_id} says it holds it too"
             self.console.print(f"round {rnd}: {reason}; ignoring it (give each node its own partition-id)")
             return reason
         self.node_of[cid] = node_id
@@ -142,10 +144,8 @@ class FlowerRunner(Runner):
                 out[src] = reply.content
         for node_id in nodes:
             if node_id not in out:
-                out[node_id] = TaskFailure(f"node {node_id} sent no reply within {timeout:g} s (stopped or unreachable)")
-        for node_id, reply in out.items():
-            if isinstance(reply, TaskFailure) and reply.reason.startswith("Flower error"):
-                self._lost.add(node_id)  # the SuperLink lost it: a restarted node comes back under a new id
+                out[node_id] = TaskFailure(f"node {node_id} sent no reply within {timeout or 0:g} s (stopped or "
+                                           "unreachable)")
         return out
 
     def _exchange(self, rnd: int, stage: str, message_type: str,
@@ -178,11 +178,16 @@ class FlowerRunner(Runner):
             cid = by_node[node_id]
             steps, records = carried[cid]
             failed = isinstance(reply, TaskFailure)
-            if failed and reply.step is None and steps:  # no reply: the first carried step is the one unfinished
-                reply = TaskFailure(reply.reason, stage_of(steps[0][0]))
+            if failed and reply.step is None and steps and reply.reason.startswith(("node ", "Flower error")):
+                reply = TaskFailure(reply.reason, stage_of(steps[0][0]))  # no reply: the first carried step is unfinished
             out[cid] = reply
             if not failed and steps:
-                self._keep_losses(rnd, cid, steps, reply["losses"])
+                try:
+                    self._keep_losses(rnd, cid, steps, reply["losses"])
+                except (KeyError, TypeError, ValueError) as err:  # another version's reply: this client fails
+                    reply = out[cid] = TaskFailure(f"rejected: malformed reply ({type(err).__name__}: {err})",
+                                                   stage_of(steps[0][0]))
+                    failed = True
             sent = [wire.array_bytes(r) for r in records.values()]
             received = [] if failed else [wire.array_bytes(reply[k]) for k in ("arrays",) if k in reply]
             self.traffic.append({
@@ -217,9 +222,13 @@ class FlowerRunner(Runner):
 
     def _client_uploads(self, rnd: int, kind: str, ids: list[int]) -> dict[int, Any]:
         if kind == "weights":
-            replies = self._exchange(rnd, "weights", wire.WEIGHTS, {i: ({}, {}) for i in ids})
-            return {i: r if isinstance(r, TaskFailure) else wire.record_to_tensors(r["arrays"])
-                    for i, r in replies.items()}
+            out = {}
+            for i, r in self._exchange(rnd, "weights", wire.WEIGHTS, {i: ({}, {}) for i in ids}).items():
+                try:
+                    out[i] = r if isinstance(r, TaskFailure) else wire.record_to_tensors(r["arrays"])
+                except (KeyError, TypeError, ValueError) as err:
+                    out[i] = TaskFailure(f"rejected: malformed upload ({type(err).__name__}: {err})", "upload")
+            return out
         config = {"kind": kind, "dtype": self.comm.upload_dtype, "top_k": self.comm.top_k or 0,
                   "public_fingerprint": self.fingerprint}
         out: dict[int, Any] = {}
@@ -245,17 +254,25 @@ class FlowerRunner(Runner):
 
         Raises:
             RoundFailed: with the failures of the queued steps, fewer than ``failures.min_fraction`` of the clients
-                finished the round (it is not committed, as in-process).
+                finished the round: the run stops there, as in-process (the nodes have already committed their
+                models of this round, which a new run does not read).
         """
         replies = self._exchange(rnd, "evaluation", wire.SCORES,
                                  {c.id: ({"failed": c.id in self._failed}, {}) for c in self.clients})
-        for cid, reply in replies.items():  # a queued step that failed: the client failed the round
+        for cid, reply in list(replies.items()):
+            info: dict[str, Any] = {}
+            if not isinstance(reply, TaskFailure):
+                try:
+                    info = dict(reply["config"])
+                    reply = replies[cid] = (unpack_scores(reply["metrics"]), str(info["digest"]))
+                except (KeyError, TypeError, ValueError) as err:  # another version's reply
+                    reply = replies[cid] = TaskFailure(f"rejected: malformed reply ({type(err).__name__}: {err})")
             if cid in self._failed:
                 continue
             if isinstance(reply, TaskFailure):
                 self._fail(rnd, cid, reply.step or "evaluation", reply.reason)
-            elif "failed_step" in reply["config"]:
-                self._fail(rnd, cid, str(reply["config"]["failed_step"]), str(reply["config"]["failure"]))
+            elif "failed_step" in info:  # a queued step failed on the node: the client failed the round
+                self._fail(rnd, cid, str(info["failed_step"]), str(info["failure"]))
         self._settle_losses(rnd)
         self._check_fraction(rnd)  # too many failed: the round is not committed, as in-process
         tasks, keys = [], []
@@ -271,8 +288,8 @@ class FlowerRunner(Runner):
             reply = replies[c.id]
             own: dict[str, Any] = {}
             if not isinstance(reply, TaskFailure):
-                own = unpack_scores(reply["metrics"])
-                self.reported[c.id] = (rnd, str(reply["config"]["digest"]))
+                own, digest = reply
+                self.reported[c.id] = (rnd, digest)
             for split, _ in self.steps.evaluate(c, rnd, {}):
                 scores[(c.id, split)] = {"client": own.get(split, {}).get("client", nan),
                                          **server.get((c.id, split), {})}
@@ -287,6 +304,11 @@ class FlowerRunner(Runner):
     def train_round(self, rnd: int) -> dict[str, int]:
         self._join(rnd, wait=False)  # nodes restarted since the last round rejoin here
         return super().train_round(rnd)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Raises ConfigError: a run over Flower is not resumed (its client models live on the nodes)."""
+        raise ConfigError("--resume: a run over Flower cannot be resumed (the client models live on the nodes, which "
+                          "start a new run from round 0); start a new run")
 
     def state_dict(self) -> dict[str, Any]:
         """The server's state only: the client models are on the nodes (each keeps its own checkpoint)."""

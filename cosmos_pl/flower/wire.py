@@ -65,12 +65,19 @@ def config_to_step(config: dict[str, Any]) -> Step:
 
 def steps_to_record(steps: list[tuple[Step, Optional[torch.Tensor]]]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Training steps and their targets as ``(config, arrays)``: ``{"steps": k, "s0.step": "LocalFit", ...}`` and
-    ``{"s1.target": [n, M] float32, ...}`` (a step without a target has no array)."""
+    ``{"s1.target": [n, M] float32, ...}`` (a step without a target has no array; UnionFit's target travels as its
+    argmax class indices ``[n]``, uint8 for M <= 256, else int16)."""
     config: dict[str, Any] = {"steps": len(steps)}
     arrays = {}
     for j, (step, target) in enumerate(steps):
         config.update({f"s{j}.{k}": v for k, v in step_to_config(step).items()})
-        if target is not None:
+        if target is None:
+            continue
+        if isinstance(step, UnionFit):  # co-training reads only the argmax: hard labels, as FedCT's bytes count them
+            m = target.shape[1]
+            arrays[f"s{j}.labels"] = target.argmax(1).to(torch.uint8 if m <= 256 else torch.int16)
+            config[f"s{j}.num_classes"] = m
+        else:
             arrays[f"s{j}.target"] = target.float()
     return config, arrays
 
@@ -80,8 +87,12 @@ def record_to_steps(config: dict[str, Any], arrays: dict[str, torch.Tensor]) -> 
     out = []
     for j in range(int(config.get("steps", 0))):
         prefix = f"s{j}."
-        step = config_to_step({k[len(prefix):]: v for k, v in config.items() if k.startswith(prefix)})
-        out.append((step, arrays.get(f"s{j}.target")))
+        fields = {k[len(prefix):]: v for k, v in config.items() if k.startswith(prefix)}
+        m = fields.pop("num_classes", None)
+        target = arrays.get(f"s{j}.target")
+        if f"s{j}.labels" in arrays:  # hard labels back to one-hot rows [n, M]
+            target = torch.nn.functional.one_hot(arrays[f"s{j}.labels"].long(), int(m)).float()
+        out.append((config_to_step(fields), target))
     return out
 
 
