@@ -298,18 +298,6 @@ class Runner:
             decoded[i] = decode(payload)
         return decoded, max(sizes, default=0)
 
-    def distill(self, rnd: int, step: Distill, targets: dict[int, torch.Tensor], ids: list[int]) -> None:
-        """KL (+ lambda r_B) to each client's target on U (COSMOS Eq. 2; FedMD's digest)."""
-        self._train(rnd, ids, step, targets)
-
-    def joint_fit(self, rnd: int, step: JointFit, targets: dict[int, torch.Tensor], ids: list[int]) -> None:
-        """CE on D_i + lambda * KL to the target on U in every step (COMET)."""
-        self._train(rnd, ids, step, targets)
-
-    def union_fit(self, rnd: int, step: UnionFit, targets: dict[int, torch.Tensor], ids: list[int]) -> None:
-        """CE on D_i together with U labelled by the target's argmax (FedCT)."""
-        self._train(rnd, ids, step, targets)
-
     # ----------------------------------------------------------------- rounds
     def pretrain(self, cache: Optional[Path] = None, key: str = "") -> None:
         """Round 0: E0 local epochs for every client.
@@ -409,12 +397,8 @@ class Runner:
                 comm["download_bytes_per_client"] = result.download_bytes
                 self.stage_losses.setdefault(rnd, {}).update(result.losses)
                 self._write_clusters()
-            elif isinstance(step, Distill):
-                self.distill(rnd, step, result.targets, served)
-            elif isinstance(step, JointFit):
-                self.joint_fit(rnd, step, result.targets, served)
-            elif isinstance(step, UnionFit):
-                self.union_fit(rnd, step, result.targets, served)
+            elif isinstance(step, (Distill, JointFit, UnionFit)):  # training on the server's targets (client_steps)
+                self._train(rnd, served, step, result.targets)
             elif isinstance(step, LoadWeights):
                 for i, got in self._client_load_weights(rnd, {i: result.targets[i] for i in served}).items():
                     if isinstance(got, TaskFailure):
