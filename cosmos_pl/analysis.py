@@ -260,6 +260,12 @@ def _final_from_metrics(run) -> dict:
     }
 
 
+def _config_algorithm(run) -> str:
+    """The algorithm's short name from config.yaml (a run without summary.json), e.g. ``cosmos``."""
+    config = run.get("config") if isinstance(run.get("config"), dict) else {}
+    return str((config.get("algorithm") or {}).get("class_path", "cosmos")).rsplit(".", 1)[-1].lower()
+
+
 def headline(run) -> str:
     """One-paragraph text summary: final teacher accuracy ± SEM, final client
     accuracy, local-only (round 0) client accuracy, K and the ARI.
@@ -272,11 +278,16 @@ def headline(run) -> str:
     client = final.get("client_acc") or {}
     info = _clusters_info(run)
     ari = info.get("adjusted_rand_index")
+    finished = run.get("summary") is not None
+    status = "finished" if finished else (
+        f"NOT FINISHED (no summary.json): stopped after round {final.get('round', 'n/a')}; resume it with "
+        f"`cosmos-pl fit --resume {run.get('path')}`, the figures below are its last complete round")
     lines = [
         f"run: {run.get('path')}",
-        f"algorithm: {summary.get('algorithm', 'cosmos')}; headline model: "
+        f"status: {status}",
+        f"algorithm: {summary.get('algorithm', _config_algorithm(run))}; headline model: "
         f"{summary.get('scored_model', 'cluster teacher h_pi(i)')}",
-        f"final round: {final.get('round', 'n/a')}",
+        f"{'final' if finished else 'last complete'} round: {final.get('round', 'n/a')}",
         f"final teacher accuracy: {_fmt(teacher.get('mean'))} ± {_fmt(teacher.get('sem'))} (SEM over clients)",
         f"final client accuracy:  {_fmt(client.get('mean'))} ± {_fmt(client.get('sem'))}",
         f"local-only client accuracy (round 0): {_fmt(_local_only_acc(run))}",

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, lazy_instance
 
 from cosmos_pl.algorithms import COSMOS, Algorithm
+from cosmos_pl.class_groups import class_args
 from cosmos_pl.config import (
     ClientConfig,
     CommunicationConfig,
@@ -99,10 +100,28 @@ def build_compare_parser() -> ArgumentParser:
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="cosmos-pl", description="cosmos-pl: model-agnostic personalized federated learning.",
                             exit_on_error=False, allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=_version(), help="Print the version and exit.")
     sub = parser.add_subcommands(required=True)
     sub.add_subcommand("fit", build_fit_parser(), help="Train one algorithm and write a run directory.")
     sub.add_subcommand("compare", build_compare_parser(), help="Compare algorithms over seeds and write a report.")
     return parser
+
+
+def _version() -> str:
+    """``cosmos-pl X.Y.Z (torch A, lightning B, Python C)``: what a bug report needs."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    from cosmos_pl import __version__
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return (f"cosmos-pl {__version__} (torch {of('torch')}, lightning {of('lightning')}, flwr {of('flwr')}, "
+            f"Python {platform.python_version()})")
 
 
 def _default_run_dir(cfg: Namespace) -> Path:
@@ -117,18 +136,14 @@ def run_fit(cfg: Namespace, parser: ArgumentParser, transport: Optional[Callable
 
     ``transport``: builds the runner instead of :class:`~cosmos_pl.federated.runner.Runner` (the in-process
     executor), with the same arguments plus ``config_yaml`` (the resolved config); :mod:`cosmos_pl.flower`'s
-    ServerApp passes its Flower runner here, so both transports share everything else."""
-    from lightning.fabric.utilities.seed import seed_everything
-    from rich.console import Console
+    ServerApp passes its Flower runner here, so both transports share everything else.
 
+    The run directory is locked for the whole run (:class:`~cosmos_pl.federated.locks.FolderLock`): a second
+    process on it is refused, naming the first.
+    """
     from cosmos_pl.federated import checkpoint
-    from cosmos_pl.federated.recorder import Recorder
     from cosmos_pl.federated.run_directory import RunDirectory
-    from cosmos_pl.federated.runner import Runner
-    from cosmos_pl.report import plot_run, print_table
-    from cosmos_pl.tracking import Tracker
 
-    console = Console()
     saved = cfg.clone()
     saved.overwrite = False  # config.yaml describes the run; rerunning it must not clear a folder unasked
     saved.resume = None
@@ -136,22 +151,46 @@ def run_fit(cfg: Namespace, parser: ArgumentParser, transport: Optional[Callable
     where = saved.clone()
     where.run_dir = None  # the hash names the settings, not the folder (a run directory may be moved)
     settings_hash = checkpoint.config_hash(parser.dump(where, skip_unset=False))
-    resume, resume_path = None, None
-    if cfg.resume:
-        resume, resume_path = checkpoint.load_latest(Path(cfg.resume))
-        if resume.get("config_hash") != settings_hash:
-            raise ConfigError(f"--resume={cfg.resume!r}: config.yaml no longer matches the one its checkpoint "
-                              f"{resume_path.name} was made with (edited, or another cosmos-pl version); restore it, "
-                              "or start a new run")
-    # every user error is found here, before any data is loaded: settings, the run directory, W&B
+    # every user error is found here, before any data is loaded: settings, the run directory (locked, writable),
+    # the checkpoint to resume from, W&B
     init = parser.instantiate(cfg)
     validate_config(init)
-    algorithm: Algorithm = init.algorithm
-    if resume is not None:
-        run_dir = RunDirectory(cfg.resume)
+    resume, resume_path = None, None
+    if cfg.resume:
+        run_dir = RunDirectory.resume(cfg.resume)  # locked first: another process may be resuming the same run
+        try:
+            resume, resume_path = checkpoint.load_latest(Path(cfg.resume))
+            if resume.get("config_hash") != settings_hash:
+                raise ConfigError(f"--resume={cfg.resume!r}: config.yaml no longer matches the one its checkpoint "
+                                  f"{resume_path.name} was made with (edited, or another cosmos-pl version); restore "
+                                  "it, or start a new run")
+        except BaseException:
+            run_dir.release()
+            raise
     else:
         run_dir = RunDirectory.prepare(cfg.run_dir, cfg.overwrite) if cfg.run_dir else \
             RunDirectory.unique(_default_run_dir(cfg))
+    try:
+        return _fit_in(run_dir, cfg, init, config_yaml, settings_hash, resume, resume_path, transport)
+    finally:
+        run_dir.release()
+
+
+def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, settings_hash: str,
+            resume: Optional[dict[str, Any]], resume_path: Optional[Path],
+            transport: Optional[Callable[..., Any]]) -> dict[str, Any]:
+    """:func:`run_fit` inside its locked run directory: tracker, data, runner, records, the final line."""
+    from lightning.fabric.utilities.seed import seed_everything
+    from rich.console import Console
+
+    from cosmos_pl.federated import checkpoint
+    from cosmos_pl.federated.recorder import Recorder
+    from cosmos_pl.federated.runner import Runner
+    from cosmos_pl.report import plot_run, print_table
+    from cosmos_pl.tracking import Tracker
+
+    console = Console()
+    algorithm: Algorithm = init.algorithm
     run_path = run_dir.path
     tracker = Tracker(init.wandb.mode, run_path, _plain(cfg), init.wandb.project, init.wandb.entity, init.wandb.name,
                       init.wandb.tags, run_id=None if resume is None else resume.get("wandb_run_id"))
@@ -185,12 +224,11 @@ def run_fit(cfg: Namespace, parser: ArgumentParser, transport: Optional[Callable
         except Interrupted as err:
             err.run_dir, err.last_round = run_path, checkpoint.latest_round(run_path)
             raise
-        except UserError as err:  # failing clients stopped it: the last complete round is kept
+        except UserError as err:  # failing clients or a full disk stopped it: the last complete round is kept
             done = checkpoint.latest_round(run_path)
             if done is None or transport is not None:  # a Flower run is not resumed (its models are on the nodes)
                 raise
-            raise type(err)(f"{err}; rounds 0..{done} are saved: fix the cause, then resume with "
-                            f"`cosmos-pl fit --resume {run_path}`") from None
+            raise type(err)(f"{err}; {resume_line(run_path, done, 'once fixed')}") from None
     finally:
         tracker.finish()
     print_table(runner.recorder.rows, console, title=f"{algorithm.name}: personalized accuracy per round")
@@ -284,6 +322,8 @@ def run(argv: list[str]) -> Any:
     """Parse ``argv`` (e.g. ``["fit", "--config", ...]``) and run it; returns ``fit``'s summary dict or
     ``compare``'s results."""
     parser = build_parser()
+    if argv and argv[0] in ("fit", "compare"):  # a class chosen in a config or a flag starts from its own defaults
+        argv = [argv[0], *class_args(parser._subcommands_action._name_parser_map[argv[0]], argv[1:])]
     cfg = parser.parse_args(argv)
     sub = parser._subcommands_action._name_parser_map[cfg.subcommand]
     if cfg.subcommand == "fit":
@@ -304,6 +344,13 @@ class Interrupted(BaseException):
         self.last_round: Optional[int] = None
 
 
+def resume_line(run_dir: Path, done: int, when: str = "") -> str:
+    """``rounds 0..done are saved in RUN_DIR/checkpoints: resume with `cosmos-pl fit --resume RUN_DIR```: what a
+    stopped run says (a signal, failing clients, a full disk)."""
+    return (f"rounds 0..{done} are saved in {run_dir}/checkpoints: resume{' ' + when if when else ''} with "
+            f"`cosmos-pl fit --resume {run_dir}`")
+
+
 def _on_signal(signum: int, frame: Any) -> None:
     raise Interrupted(signum)
 
@@ -314,8 +361,7 @@ def _interrupted(err: Interrupted, command: str) -> int:
         line = f"stopped by {name}; run the same command again to resume (finished pairs are kept, the others " \
                "resume from their last complete round)"
     elif err.run_dir is not None and err.last_round is not None:
-        line = f"stopped by {name}; rounds 0..{err.last_round} are saved in {err.run_dir}/checkpoints: resume " \
-               f"with `cosmos-pl fit --resume {err.run_dir}`"
+        line = f"stopped by {name}; {resume_line(err.run_dir, err.last_round)}"
     elif err.run_dir is not None:
         line = f"stopped by {name} before round 0 ended; nothing to resume: start the run again"
     else:

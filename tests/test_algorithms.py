@@ -161,3 +161,22 @@ def test_cosmos_client_settings_reach_the_distill_step():
     assert plain.plan(1) == [Upload("soft"), Distill(3, 5.0, 1, False, freeze_bn=False)]
     with pytest.raises(ValueError, match="algorithm.init_args.client_lambda_=-1"):
         COSMOS(client_lambda_=-1.0)
+
+
+def test_comet_says_when_k_exceeds_the_clients():
+    lines = []
+    algo = COMET(num_clusters=5)
+    algo.setup(_ctx_logging(3, lines))
+    assert lines == ["warning: algorithm.init_args.num_clusters=5 exceeds data.num_clients=3: COMET uses K = 3 (one "
+                     "client per cluster); lower num_clusters"]
+    algo = COMET(num_clusters=3)
+    algo.setup(_ctx_logging(4, lines := []))
+    algo.server_step(1, {0: torch.tensor([[1.0, 0.0]]), 1: torch.tensor([[0.0, 1.0]])})  # two clients failed
+    assert lines == ["round 1: COMET: only 2 clients uploaded, fewer than num_clusters=3: K = 2 this round"]
+    assert algo.clustering_info()["K"] == 2
+
+
+def _ctx_logging(n_clients, lines):
+    ctx = _ctx(n_clients, n=1)
+    ctx.log = lines.append
+    return ctx

@@ -224,3 +224,13 @@ def test_online_without_network_is_one_line_suggesting_offline(no_wandb_login, m
     with pytest.raises(TrackingError, match=r"WANDB_INIT_TIMEOUT \(now 5 s\)"):
         Tracker("online", tmp_path, {}, "cosmos-pl", None, None, [])
     assert seen["settings"].init_timeout == 5
+
+
+def test_version(capsys):
+    import platform
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("cosmos-pl 0.1.0 (torch ") and out.endswith(f"Python {platform.python_version()})")

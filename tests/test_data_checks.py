@@ -215,7 +215,16 @@ BAD_ARCHIVES = {
     "label beyond classes": (dict(y_train=np.array([0, 1, 2, 0, 1, 3])), "y_train", "label 3, outside 0..2"),
     "negative label": (dict(y_test=np.array([0, -1, 2])), "y_test", "label -1"),
     "float labels": (dict(y_train=np.array([0, 1, 2, 0, 1, 1.5])), "y_train", "dtype float64"),
-    "float images": (dict(x_train=np.full((6, 5, 5, 3), 0.5, np.float32)), "x_train", "dtype float32"),
+    "float images": (dict(x_train=np.full((6, 5, 5, 3), 0.5, np.float32)), "x_train",
+                     "dtype float32; images must be uint8 0..255: its values lie in [0.5, 0.5], so convert with "
+                     "(x * 255).round().astype(np.uint8)"),
+    "float images in 0..255": (dict(x_train=np.full((6, 5, 5, 3), 200.0)), "x_train",
+                               "its values already lie in [200, 200], so convert with x.round().astype(np.uint8)"),
+    "normalized images": (dict(x_train=np.full((6, 5, 5, 3), -1.5)), "x_train",
+                          "outside both [0, 1] and [0, 255] (normalized images?)"),
+    "string labels": (dict(y_train=np.array(list("abcabc")), classes=None), "y_train",
+                      "field y_train has dtype <U1; labels must be integer class indices into classes"),
+    "object labels": (dict(y_test=np.array([0, "b", 2], dtype=object)), "y_test", "cannot be read without pickle"),
     "images above 255": (dict(x_test=np.full((3, 5, 5, 3), 300, np.int64)), "x_test", "0..300"),
     "empty test split": (dict(x_test=np.zeros((0, 5, 5, 3), np.uint8), y_test=np.zeros(0, np.int64)), "x_test",
                          "test split is empty"),
@@ -253,3 +262,61 @@ def test_image_data_checks_every_loader_output():
         ImageData("hand", ok.x_train, torch.zeros(30, dtype=torch.int64), ok.x_test, ok.y_test, [])
     with pytest.raises(DataError, match=r"field x_train must be a uint8 tensor \[N, C, H, W\]"):
         ImageData("hand", ok.x_train.float(), ok.y_train, ok.x_test, ok.y_test, ok.classes)
+
+
+# --------------------------------------------------------------------------- data errors through the CLI: one line
+
+
+def _fit_on(repo_root, tmp_path, *dataset):
+    return ["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(tmp_path / "run"),
+            "--wandb.mode", "disabled", *dataset]
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def _image_folder(root, files):
+    from torchvision.io import write_png
+
+    for rel in files:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        write_png(torch.zeros((3, 4, 4), dtype=torch.uint8), str(root / rel))
+
+
+def test_an_undecodable_image_file_is_named(repo_root, tmp_path, capsys):
+    from cosmos_pl.cli import main
+
+    root = tmp_path / "images"
+    _image_folder(root, ["train/a/0.png", "train/b/1.png", "test/a/2.png"])
+    (root / "train" / "b" / "1.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    flags = ["--data.dataset", "cosmos_pl.data.ImageFolderData", "--data.dataset.root", str(root)]
+    assert main(_fit_on(repo_root, tmp_path, *flags)) == 2
+    err = _one_line(capsys)
+    assert err.startswith(f"cosmos-pl: error: image file {root}/train/b/1.png cannot be decoded (")
+    assert err.endswith("): replace it with a readable JPEG or PNG, or remove it")
+
+
+def test_an_empty_class_folder_is_named(repo_root, tmp_path, capsys):
+    from cosmos_pl.cli import main
+
+    root = tmp_path / "images"
+    _image_folder(root, ["train/a/0.png", "test/a/2.png"])
+    (root / "train" / "b").mkdir()
+    flags = ["--data.dataset", "cosmos_pl.data.ImageFolderData", "--data.dataset.root", str(root)]
+    assert main(_fit_on(repo_root, tmp_path, *flags)) == 2
+    assert _one_line(capsys).startswith(f"cosmos-pl: error: {root}/train: class folder(s) b hold no image file (.jpg, ")
+
+
+def test_labels_of_a_non_integer_type_are_one_line(repo_root, tmp_path, capsys):
+    from cosmos_pl.cli import main
+
+    path = tmp_path / "names.npz"
+    np.savez(path, **_archive(y_train=np.array(list("abcabc")), classes=None))
+    assert main(_fit_on(repo_root, tmp_path, "--data.dataset", "cosmos_pl.data.NpzData",
+                        "--data.dataset.path", str(path))) == 2
+    assert _one_line(capsys) == (f"cosmos-pl: error: data set 'names' ({path}): field y_train has dtype <U1; labels "
+                                 "must be integer class indices into classes: map the names to indices and save them "
+                                 "with .astype(np.int64)")

@@ -233,3 +233,13 @@ def test_notebook_executes_on_synthetic_run(run_dir):
     assert str(run_dir) in text
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(images) == 2  # accuracy plot + cluster plot
+
+
+def test_a_stopped_run_is_not_shown_as_finished(run_dir):
+    finished = headline(load_run(run_dir))
+    assert "status: finished" in finished and "final round: 2" in finished
+    (run_dir / "summary.json").unlink()  # a run stopped by a signal or a failure writes none
+    text = headline(load_run(run_dir)).splitlines()
+    assert text[1] == (f"status: NOT FINISHED (no summary.json): stopped after round 2; resume it with "
+                       f"`cosmos-pl fit --resume {run_dir}`, the figures below are its last complete round")
+    assert "last complete round: 2" in text and not any(line.startswith("final round") for line in text)

@@ -2,6 +2,7 @@
 readable by others as the umask allows (issue 8, item 6)."""
 
 import os
+import shutil
 import stat
 
 import pytest
@@ -31,16 +32,20 @@ def test_files_get_0666_less_the_umask(tmp_path, umask):
 
 def test_a_folder_holding_a_run_is_refused_unless_overwrite(tmp_path):
     run = tmp_path / "run"
-    RunDirectory.prepare(run).write_text("metrics.csv", "round\n0\n")
+    first = RunDirectory.prepare(run)
+    first.write_text("metrics.csv", "round\n0\n")
+    first.release()
     (run / "pair.yaml").write_text("kept\n")
     (run / "wandb" / "offline-run-1").mkdir(parents=True)
-    with pytest.raises(ConfigError, match=r"--run_dir='.*run': already holds the files of another run \(metrics.csv\)"
-                                          r".*--overwrite true"):
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "round-0003.pt").write_bytes(b"old")
+    with pytest.raises(ConfigError, match=r"--run_dir='.*run': already holds the files of another run \(metrics.csv, "
+                                          r"checkpoints, wandb\).*--overwrite true"):
         RunDirectory.prepare(run)
     assert (run / "metrics.csv").read_text() == "round\n0\n"  # untouched
-    RunDirectory.prepare(run, overwrite=True)
-    assert sorted(p.name for p in run.iterdir()) == ["pair.yaml"]  # the old run's files and wandb/ are gone
-    RunDirectory.prepare(run)  # a folder without result files is fine (compare's pair folders)
+    RunDirectory.prepare(run, overwrite=True).release()
+    assert sorted(p.name for p in run.iterdir()) == ["pair.yaml"]  # the old run's files, checkpoints and wandb/
+    RunDirectory.prepare(run).release()  # a folder without result files is fine (compare's pair folders)
 
 
 def test_a_run_directory_that_is_a_file_is_a_config_error(tmp_path):
@@ -80,3 +85,80 @@ def test_compare_resumes_pairs_saved_before_the_overwrite_flag(tmp_path):
     assert _finished(Pair("cosmos", 0, run, "seed: 0\nrounds: 2\noverwrite: false\n"))
     with pytest.raises(ConfigError, match="made with a different config"):
         _finished(Pair("cosmos", 0, run, "seed: 0\nrounds: 3\noverwrite: false\n"))
+
+
+def _quick_fit(repo_root, run_dir, *flags):
+    """A digits run of LocalOnly with few epochs, in-process."""
+    return ["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(run_dir),
+            "--algorithm", "local", "--data.num_clients", "5", "--clients.pretrain_epochs", "1",
+            "--wandb.mode", "disabled", "--executor.threads_per_worker", "1", *flags]
+
+
+def test_overwrite_leaves_nothing_of_the_old_run_and_checkpoints_hold_only_the_new_rounds(repo_root, tmp_path, capsys):
+    import torch
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for r in range(4):  # an old, longer run's checkpoints: the new run must never see them
+        (run / "checkpoints" / f"round-{r:04d}.pt").write_bytes(b"old")
+    for name in ("metrics.csv", "accuracy_vs_round.png", "traffic.csv", "nodes.json"):
+        (run / name).write_text("old\n")
+    (run / "pair.yaml").write_text("kept\n")
+    assert main(_quick_fit(repo_root, run, "--rounds", "2", "--overwrite", "true")) == 0
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["round-0001.pt", "round-0002.pt"]
+    saved = torch.load(run / "checkpoints" / "round-0002.pt", weights_only=True)
+    assert saved["round"] == 2 and len(saved["records"]["rows"]) == 3  # the new run's rounds 0..2
+    assert not (run / "traffic.csv").exists() and not (run / "nodes.json").exists()  # the old Flower run's files
+    assert (run / "pair.yaml").read_text() == "kept\n"
+    assert "old" not in (run / "metrics.csv").read_text()
+
+
+def test_a_read_only_run_directory_is_one_line_before_any_data_is_loaded(repo_root, tmp_path, capsys):
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="cosmos-ro-")  # outside pytest's 0700 tmp folder, so another user can reach it
+    try:
+        os.chmod(base, 0o755)
+        run = os.path.join(base, "run")
+        os.mkdir(run, 0o555)
+        os.chmod(run, 0o555)
+        config = (repo_root / "configs/digits_smoke.yaml").read_text()  # read before dropping privileges
+        root = os.geteuid() == 0
+        if root:  # root writes into read-only folders: act as an ordinary user for the run directory's checks
+            os.seteuid(65534)
+        try:
+            status = main(["fit", "--config", config, "--run_dir", run, "--wandb.mode", "disabled"])
+        finally:
+            if root:
+                os.seteuid(0)
+        err = capsys.readouterr().err.strip()
+        assert status == 2 and len(err.splitlines()) == 1, err
+        assert err == (f"cosmos-pl: error: --run_dir='{run}': cannot write there (Permission denied); make it "
+                       "writable (e.g. chmod u+w), free space on its disk, or choose another --run_dir")
+        assert os.listdir(run) == []
+    finally:
+        os.chmod(os.path.join(base, "run"), 0o755)
+        shutil.rmtree(base)
+
+
+def test_a_full_disk_while_writing_a_checkpoint_is_one_line_with_the_resume_line(repo_root, tmp_path, capsys,
+                                                                                   monkeypatch):
+    from cosmos_pl.federated import run_directory
+
+    run = tmp_path / "run"
+    real = run_directory._create
+
+    def full_disk_for_round_2(path):  # the device itself answers ENOSPC, as a full disk does (/dev/full)
+        return os.open("/dev/full", os.O_WRONLY) if path.name.startswith(".round-0002.pt") else real(path)
+
+    monkeypatch.setattr(run_directory, "_create", full_disk_for_round_2)
+    assert main(_quick_fit(repo_root, run, "--rounds", "3")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err == (f"cosmos-pl: error: no space left on the disk of {run}/checkpoints while writing round-0002.pt: "
+                   f"free space there, or move the run directory to a disk with room; rounds 0..1 are saved in "
+                   f"{run}/checkpoints: resume once fixed with `cosmos-pl fit --resume {run}`")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["round-0000.pt", "round-0001.pt"]
+    monkeypatch.setattr(run_directory, "_create", real)  # space freed: the resume finishes the run
+    assert main(["fit", "--resume", str(run)]) == 0
+    assert (run / "summary.json").is_file()

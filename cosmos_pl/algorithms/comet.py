@@ -66,11 +66,17 @@ class COMET(Algorithm):
     def setup(self, ctx) -> None:
         super().setup(ctx)
         self.assignment: list[Optional[int]] = [None] * ctx.num_clients
+        if self.num_clusters > ctx.num_clients:
+            ctx.log(f"warning: algorithm.init_args.num_clusters={self.num_clusters} exceeds data.num_clients="
+                    f"{ctx.num_clients}: COMET uses K = {ctx.num_clients} (one client per cluster); lower num_clusters")
 
     def plan(self, rnd: int) -> list[Step]:
         return [Upload("soft"), JointFit(self.ctx.local_epochs if self.epochs is None else self.epochs, self.lambda_)]
 
     def server_step(self, rnd: int, uploads: dict[int, torch.Tensor]) -> ServerResult:
+        if len(uploads) < self.num_clusters <= self.ctx.num_clients:  # clients failed this round
+            self.ctx.log(f"round {rnd}: COMET: only {len(uploads)} clients uploaded, fewer than num_clusters="
+                         f"{self.num_clusters}: K = {len(uploads)} this round")
         found = kmeans_clusters(uploads, self.num_clusters, self.ctx.stage_seed(rnd, "kmeans", 0), self.n_init)
         self.assignment = [found.get(i) for i in range(self.ctx.num_clients)]
         targets = {}

@@ -32,12 +32,14 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cosmos_pl.algorithms import COSMOS, algorithm_class
+from cosmos_pl.class_groups import parse_args
 from cosmos_pl.compare.report import PairResult, write_report
-from cosmos_pl.config import check_seed, validate_config
+from cosmos_pl.config import CompareConfig, check_seed, validate_config
 from cosmos_pl.errors import ConfigError, check
 from cosmos_pl.federated import checkpoint
 from cosmos_pl.federated.executor import available_cpus
-from cosmos_pl.federated.run_directory import atomic_write_text
+from cosmos_pl.federated.locks import FolderLock
+from cosmos_pl.federated.run_directory import _mkdir, atomic_write_text
 
 __all__ = ["run_compare", "CompareResult", "Pair"]
 
@@ -91,7 +93,7 @@ def _pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPa
     base = yaml.safe_load(parser.dump(cfg, skip_unset=False))
     for key in _COMPARE_ONLY:
         base.pop(key, None)
-    settings = dict(cfg.comparison.settings or {})
+    settings = {algorithm_class(k, "comparison.settings").name: v for k, v in (cfg.comparison.settings or {}).items()}
     threads = max(1, available_cpus() // jobs)
     pairs = []
     for name in algorithms:
@@ -109,7 +111,12 @@ def _pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPa
                         "executor": {**base["executor"], "threads_per_worker": threads}}
             text = yaml.safe_dump(pair_cfg, sort_keys=False)
             # parse, build and check every setting now: a bad one fails here, before any pair trains
-            checked = fit_parser.parse_string(text)
+            try:
+                checked = parse_args(fit_parser, ["--config", text])  # each algorithm from its own defaults
+            except ConfigError as err:
+                if name not in settings:
+                    raise
+                raise ConfigError(f"comparison.settings.{name}: {err}") from None
             validate_config(fit_parser.instantiate(checked))
             pairs.append(Pair(cls.name, seed, run_dir, fit_parser.dump(checked, skip_unset=False)))
     return pairs
@@ -160,8 +167,9 @@ def _launch(pair: Pair) -> Optional[str]:
         cmd = [sys.executable, "-m", "cosmos_pl.cli", "fit", "--resume", str(pair.run_dir)]
         mode = "a"
     else:
-        if pair.run_dir.exists():
-            shutil.rmtree(pair.run_dir)  # an unfinished attempt without a checkpoint: start clean, never mix runs
+        if pair.run_dir.exists():  # an unfinished attempt without a checkpoint: start clean, never mix runs
+            with FolderLock(pair.run_dir, "--out"):  # unless a pair left running by an earlier compare holds it
+                shutil.rmtree(pair.run_dir)
         pair.run_dir.mkdir(parents=True)
         atomic_write_text(pair.run_dir / "pair.yaml", pair.config_yaml)
         cmd = [sys.executable, "-m", "cosmos_pl.cli", "fit", "--config", str(pair.run_dir / "pair.yaml")]
@@ -209,7 +217,16 @@ def run_compare(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPars
     check(jobs >= 1, "--jobs", jobs, "must be >= 1")
     out = Path(cfg.out)
     check(not out.is_file(), "--out", str(out), "is an existing file; give a folder")
+    CompareConfig(**cfg.comparison.clone().as_dict())  # its own checks (algorithm names in settings, seeds, jobs)
     pairs = _pair_configs(cfg, parser, fit_parser, out, algorithms, seeds, jobs)
+    _mkdir(out, "--out")
+    with FolderLock(out, "--out"):  # one compare per folder: a second would delete the pairs the first runs
+        return _run_pairs(cfg, pairs, out, algorithms, seeds, jobs, console)
+
+
+def _run_pairs(cfg: Namespace, pairs: list[Pair], out: Path, algorithms: list[str], seeds: list[int], jobs: int,
+               console: Console) -> CompareResult:
+    """:func:`run_compare` inside its locked ``--out`` folder: run what is not finished, then the report."""
     todo = [p for p in pairs if not _finished(p)]
     console.print(f"[bold]cosmos-pl compare[/bold]: {len(pairs)} pairs ({', '.join(dict.fromkeys(algorithms))} x "
                   f"seeds {seeds}); {len(pairs) - len(todo)} already finished in {out}, {len(todo)} to run, "

@@ -182,7 +182,7 @@ def _from_numpy(name: str, x_train, y_train, x_test, y_test, classes, channels_l
         if x.dtype != np.uint8:
             if not np.issubdtype(x.dtype, np.integer):
                 raise DataError(f"{where}: field {field} has dtype {x.dtype}; images must be uint8 0..255: "
-                                "convert them, e.g. (x * 255).round().astype(np.uint8) for values in [0, 1]")
+                                f"{_float_hint(x)}")
             if x.size and (x.min() < 0 or x.max() > 255):
                 raise DataError(f"{where}: field {field} holds values {x.min()}..{x.max()}; images must lie "
                                 "in 0..255 (uint8)")
@@ -205,6 +205,21 @@ def _from_numpy(name: str, x_train, y_train, x_test, y_test, classes, channels_l
 
     return ImageData(name, images("x_train", x_train), labels("y_train", y_train), images("x_test", x_test),
                      labels("y_test", y_test), [str(c) for c in classes], source)
+
+
+def _float_hint(x: np.ndarray) -> str:
+    """How to turn non-integer images into uint8, from the range their values lie in."""
+    if not np.issubdtype(x.dtype, np.floating) or x.size == 0:
+        return "save them as uint8 with values 0..255"
+    lo, hi = float(np.nanmin(x)), float(np.nanmax(x))
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "they hold NaN or infinite values; fix them, then save them as uint8 0..255"
+    if 0 <= lo and hi <= 1:
+        return f"its values lie in [{lo:g}, {hi:g}], so convert with (x * 255).round().astype(np.uint8)"
+    if 0 <= lo and hi <= 255:
+        return f"its values already lie in [{lo:g}, {hi:g}], so convert with x.round().astype(np.uint8)"
+    return (f"its values lie in [{lo:g}, {hi:g}], outside both [0, 1] and [0, 255] (normalized images?): undo the "
+            "normalization, then save them as uint8 0..255")
 
 
 def _torchvision_pair(name: str, make, root: str, download: bool, how: str, looked_at: list | None = None):
@@ -412,7 +427,11 @@ def _decode_all(paths: list[str], image_size: int | None = None) -> torch.Tensor
 
     out = []
     for p in paths:
-        img = decode_image(p, mode=ImageReadMode.RGB)
+        try:
+            img = decode_image(p, mode=ImageReadMode.RGB)
+        except (RuntimeError, OSError, ValueError) as err:  # torchvision names neither the file nor the format
+            raise DataError(f"image file {p} cannot be decoded ({' '.join(str(err).split())[:200]}): replace it "
+                            "with a readable JPEG or PNG, or remove it") from None
         if image_size is not None:
             img = resize(img, [image_size, image_size], antialias=True)
         elif out and img.shape != out[0].shape:
@@ -479,6 +498,23 @@ class TinyImageNet(ImageDataset):
         )
 
 
+def _check_class_folders(split: Path) -> None:
+    """Every class folder of an ImageFolder split holds at least one image file (torchvision says "Found no
+    valid file" without naming the folder, and an empty one would be a class without any sample).
+
+    Raises:
+        DataError: naming the empty class folders and the file types looked for.
+    """
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    classes = [d for d in sorted(split.iterdir()) if d.is_dir()]
+    empty = [d.name for d in classes
+             if not any(f.is_file() and f.suffix.lower() in IMG_EXTENSIONS for f in d.rglob("*"))]
+    if empty:
+        raise DataError(f"{split}: class folder(s) {', '.join(empty)} hold no image file ({', '.join(IMG_EXTENSIONS)}): "
+                        "add images to them, or remove the folders")
+
+
 class ImageFolderData(ImageDataset):
     """Any folder with ``train/<class>/*`` and ``test/<class>/*`` image files."""
 
@@ -507,6 +543,9 @@ class ImageFolderData(ImageDataset):
 
         how = "create root/train/<class>/<image> and root/test/<class>/<image> (ImageFolder layout)"
         dirs = [Path(self.root) / "train", Path(self.root) / "test"]
+        for d in dirs:
+            if d.is_dir():
+                _check_class_folders(d)
         try:
             train, test = (ImageFolder(str(d)) for d in dirs)
         except (FileNotFoundError, OSError) as e:
@@ -561,13 +600,26 @@ class NpzData(ImageDataset):
             if missing:
                 raise DataError(f"data set {Path(self.path).stem!r} ({self.path}) lacks arrays {missing}; it has "
                                 f"{z.files}: save x_train, y_train, x_test, y_test (and classes) with np.savez")
-            ytr, yte = z["y_train"], z["y_test"]
-            if "classes" in z.files:
-                classes = [str(c) for c in z["classes"]]
+            arrays = {}
+            for key in ("x_train", "y_train", "x_test", "y_test", *(["classes"] if "classes" in z.files else [])):
+                try:
+                    arrays[key] = z[key]
+                except ValueError as err:  # an object array needs pickle, which is never allowed
+                    raise DataError(f"data set {Path(self.path).stem!r} ({self.path}): array {key} cannot be read "
+                                    f"without pickle ({err}); save it as numbers (images uint8, labels int64, classes "
+                                    "a fixed-width string array)") from None
+            ytr, yte = arrays["y_train"], arrays["y_test"]
+            for key, y in (("y_train", ytr), ("y_test", yte)):
+                if y.size and not np.issubdtype(y.dtype, np.integer):
+                    raise DataError(f"data set {Path(self.path).stem!r} ({self.path}): field {key} has dtype "
+                                    f"{y.dtype}; labels must be integer class indices into classes: map the names to "
+                                    "indices and save them with .astype(np.int64)")
+            if "classes" in arrays:
+                classes = [str(c) for c in arrays["classes"]]
             else:
                 classes = [str(k) for k in range(int(max(ytr.max(initial=-1), yte.max(initial=-1))) + 1)]
-            return _from_numpy(Path(self.path).stem, z["x_train"], ytr, z["x_test"], yte, classes, channels_last=True,
-                               source=str(self.path))
+            return _from_numpy(Path(self.path).stem, arrays["x_train"], ytr, arrays["x_test"], yte, classes,
+                               channels_last=True, source=str(self.path))
 
 
 def balanced_subset(labels: np.ndarray, per_class: int, seed: int) -> np.ndarray:

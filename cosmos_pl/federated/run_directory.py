@@ -1,49 +1,99 @@
 """The run directory: one run's files, each written atomically (temp file + rename), so none is ever half-written.
 
 A run directory holds one run only: :meth:`RunDirectory.prepare` refuses a folder that already holds another run's
-result files unless told to overwrite them (then it removes them first), and :meth:`RunDirectory.unique` makes a
-new folder that no other run has, even for runs started in the same second. Files get the usual permissions
-(``0o666`` less the umask), like any file the user creates.
+files unless told to overwrite them (then it removes every one of them first, its checkpoints included), and
+:meth:`RunDirectory.unique` makes a new folder that no other run has, even for runs started in the same second.
+Both take the folder's lock (:class:`~cosmos_pl.federated.locks.FolderLock`) before looking inside, so a second
+process on a folder in use is refused instead of mixing its files with the first's. Files get the usual
+permissions (``0o666`` less the umask), like any file the user creates. A write that fails for lack of space or
+permission is a :class:`~cosmos_pl.errors.UserError` naming the file (:class:`WriteFailed`), not a traceback.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
-from cosmos_pl.errors import ConfigError
+from cosmos_pl.errors import ConfigError, UserError
+from cosmos_pl.federated.locks import FolderLock, unwritable
 
-__all__ = ["RunDirectory", "RESULT_FILES", "atomic_write_text", "atomic_save", "atomic_save_figure"]
+__all__ = ["RunDirectory", "RESULT_FILES", "RUN_FILES", "WriteFailed", "atomic_write_text", "atomic_save",
+           "atomic_save_figure"]
 
-# What a run writes; a folder holding any of them holds a run (wandb/ is removed with them on overwrite).
+# What marks a folder as holding a run (what compare and the refusal look for).
 RESULT_FILES = ("config.yaml", "partition.json", "clusters.json", "metrics.csv", "clients.csv", "summary.json")
+# Everything a run writes: --overwrite removes all of it, so nothing of the old run is left (compare's pair.yaml
+# and log.txt, and any file of the user's, are not a run's and stay).
+RUN_FILES = (*RESULT_FILES, "accuracy_vs_round.png", "traffic.csv", "nodes.json", "checkpoints", "wandb")
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class WriteFailed(UserError):
+    """A result or checkpoint file could not be written: the disk is full, or the folder is not writable."""
+
+
+def _write_error(path: Path, err: BaseException) -> Optional[WriteFailed]:
+    """The user's error behind a failed write (no space, no permission, a read-only file system), else None.
+
+    torch's writer may raise a RuntimeError whose message carries the OS error in its middle, with the OSError
+    as its cause or context: both are looked at."""
+    seen: Optional[BaseException] = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in _NO_SPACE:
+            return WriteFailed(f"no space left on the disk of {path.parent} while writing {path.name}: free space "
+                               "there, or move the run directory to a disk with room")
+        if isinstance(seen, OSError) and seen.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return WriteFailed(f"cannot write {path} ({seen.strerror}): make {path.parent} writable, or move the "
+                               "run directory")
+        if "No space left on device" in str(seen):
+            return WriteFailed(f"no space left on the disk of {path.parent} while writing {path.name}: free space "
+                               "there, or move the run directory to a disk with room")
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _create(path: Path) -> int:
+    """Create ``path`` for writing, as open() creates files: mode 0o666 less the umask (tempfile.mkstemp would
+    force 0o600)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
 
 
 def _atomic_write(path: Path, write: Callable[[Any], None], mode: str) -> None:
     """Call ``write(file)`` on a temporary file in ``path``'s folder, fsync it, then ``os.replace`` it onto
-    ``path``: a reader sees the old file or the whole new one, never half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
-        try:
-            # created like open() creates files: mode 0o666 less the umask (tempfile.mkstemp would force 0o600)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            break
-        except FileExistsError:
-            continue
+    ``path``: a reader sees the old file or the whole new one, never half of it.
+
+    Raises:
+        WriteFailed: no space or no permission (the temporary file is removed; ``path`` is untouched).
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+            try:
+                fd = _create(tmp)
+                break
+            except FileExistsError:
+                continue
+    except OSError as err:
+        raise _write_error(path, err) or err from None
     try:
         with os.fdopen(fd, mode, **({"encoding": "utf-8", "newline": ""} if "b" not in mode else {})) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        failed = _write_error(path, err) if isinstance(err, Exception) else None
+        if failed is not None:
+            raise failed from None
         raise
 
 
@@ -89,47 +139,76 @@ class RunDirectory:
     """Files of one experiment: config.yaml, partition.json, clusters.json, metrics.csv, clients.csv, summary.json.
 
     ``RunDirectory(path)`` uses ``path`` as it is (creating it); a run started from the CLI gets its folder from
-    :meth:`prepare` or :meth:`unique`, which make sure no other run's files are in it.
+    :meth:`prepare`, :meth:`unique` or :meth:`resume`, which lock it and make sure no other run's files are in it.
+    :meth:`release` drops the lock (the end of the process does too).
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, lock: Optional[FolderLock] = None) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
+        self.lock = lock
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
     @classmethod
     def prepare(cls, path: str | Path, overwrite: bool = False, key: str = "--run_dir") -> RunDirectory:
-        """The folder ``path`` for a new run, created if missing.
+        """The folder ``path`` for a new run, created if missing and locked.
 
         Raises:
             ConfigError: ``path`` is a file (or lies under one) or cannot be created; or it holds another run's
-                result files (:data:`RESULT_FILES`) and ``overwrite`` is false. With ``overwrite`` those files
-                and the ``wandb/`` folder are removed first; other files (e.g. compare's pair.yaml) are kept.
+                files (:data:`RUN_FILES`) and ``overwrite`` is false. With ``overwrite`` every one of them is
+                removed first (checkpoints and ``wandb/`` included, so a new run can only ever resume from its
+                own checkpoints); other files (e.g. compare's pair.yaml) are kept.
+            FolderInUse: another process holds the folder.
+            UserError: the folder cannot be written.
         """
         path = Path(path)
         _mkdir(path, key)
-        found = [name for name in RESULT_FILES if (path / name).exists()]
-        if found and not overwrite:
-            raise ConfigError(f"{key}={str(path)!r}: already holds the files of another run ({', '.join(found)}); "
-                              f"choose a new {key}, or pass --overwrite true to replace them")
-        if overwrite:
+        lock = FolderLock(path, key).acquire()  # before looking inside: another run may be writing there
+        try:
+            found = [name for name in RUN_FILES if (path / name).exists()]
+            if found and not overwrite:
+                raise ConfigError(f"{key}={str(path)!r}: already holds the files of another run "
+                                  f"({', '.join(found)}); choose a new {key}, or pass --overwrite true to replace "
+                                  "them")
             for name in found:
-                (path / name).unlink()
-            shutil.rmtree(path / "wandb", ignore_errors=True)
-        return cls(path)
+                target = path / name
+                try:
+                    shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+                except OSError as err:
+                    raise unwritable(path, key, err) from None
+        except BaseException:
+            lock.release()
+            raise
+        return cls(path, lock)
+
+    @classmethod
+    def resume(cls, path: str | Path, key: str = "--resume") -> RunDirectory:
+        """An existing run's folder, locked for the resumed run.
+
+        Raises:
+            FolderInUse: another process holds the folder (the run is still going, or another resume of it is).
+            UserError: the folder cannot be written.
+        """
+        return cls(path, FolderLock(path, key).acquire())
 
     @classmethod
     def unique(cls, base: str | Path, key: str = "--run_dir") -> RunDirectory:
-        """A new, empty folder ``base``, or ``base-2``, ``base-3``, ... when that exists: created atomically
-        (``mkdir`` without ``exist_ok``), so two runs started in the same second never share one."""
+        """A new, empty, locked folder ``base``, or ``base-2``, ``base-3``, ... when that exists: created
+        atomically (``mkdir`` without ``exist_ok``), so two runs started in the same second never share one."""
         base = Path(base)
         _mkdir(base.parent, key)
         for n in range(1, 10_000):
             path = base if n == 1 else base.with_name(f"{base.name}-{n}")
             try:
                 path.mkdir()
-                return cls(path)
             except FileExistsError:
                 continue
+            except OSError as err:
+                raise unwritable(base.parent, key, err) from None
+            return cls(path, FolderLock(path, key).acquire())
         raise ConfigError(f"{key}: no free folder name after {base}-9999; pass --run_dir")
 
     def write_text(self, name: str, text: str) -> Path:

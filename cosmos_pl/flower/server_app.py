@@ -65,12 +65,13 @@ def main(grid: Grid, run_config: dict[str, Any]) -> None:
         UserError: a bad setting, missing data, nodes that did not join, a round that failed (also printed as one
             ``cosmos-pl: error:`` line).
     """
+    from cosmos_pl.class_groups import parse_args
     from cosmos_pl.cli import build_fit_parser, run_fit
     from cosmos_pl.errors import UserError
     from cosmos_pl.flower.server import FlowerRunner
 
     parser = build_fit_parser()
-    cfg = parser.parse_args(fit_argv(run_config))
+    cfg = parse_args(parser, fit_argv(run_config))
     transport = functools.partial(FlowerRunner, grid=grid,
                                   reply_timeout_s=float(run_config.get("reply-timeout", 0)) or None,
                                   join_timeout_s=float(run_config.get("join-timeout", 600)))

@@ -1,0 +1,79 @@
+"""One process per run directory and per compare folder, with real processes: a second one exits 2 naming the
+first; a lock left by a killed process does not block the next run.
+
+Process A stalls in round 0 (the test-only ``hang`` fault on client 0's first forward pass) so that it holds its
+folder for as long as the test needs.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from cosmos_pl.federated.locks import LOCK_NAME
+
+HANG_ROUND_0 = json.dumps([{"round": 0, "client": 0, "step": "local training", "kind": "hang"}])
+
+
+def _start(argv, faults=""):
+    env = {k: v for k, v in os.environ.items() if k != "COSMOS_PL_TEST_FAULTS"}
+    if faults:
+        env["COSMOS_PL_TEST_FAULTS"] = faults
+    return subprocess.Popen([sys.executable, "-m", "cosmos_pl.cli", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+
+
+def _holding(folder, proc, timeout=300):
+    """Wait until ``proc`` holds ``folder``'s lock (its pid is in the lock file)."""
+    start = time.monotonic()
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            if json.loads((folder / LOCK_NAME).read_text() or "{}").get("pid") == proc.pid:
+                return
+        except (OSError, ValueError):
+            pass
+        assert time.monotonic() - start < timeout, "the first process never took the lock"
+        time.sleep(0.1)
+
+
+def _fit(repo_root, *flags):
+    return ["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--wandb.mode", "disabled",
+            "--data.num_clients", "5", "--clients.pretrain_epochs", "1", "--executor.threads_per_worker", "1", *flags]
+
+
+def test_a_second_process_on_a_run_directory_or_compare_folder_in_use_exits_2_naming_the_first(repo_root, tmp_path):
+    run, out = tmp_path / "run", tmp_path / "cmp"
+    fit_a = _start(_fit(repo_root, "--run_dir", str(run)), HANG_ROUND_0)
+    compare_a = _start(["compare", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--algorithms", "local",
+                        "--seeds", "0", "--out", str(out), "--data.num_clients", "5"], HANG_ROUND_0)
+    try:
+        _holding(run, fit_a)
+        _holding(out, compare_a)
+        second = [
+            subprocess.run([sys.executable, "-m", "cosmos_pl.cli", *_fit(repo_root, "--run_dir", str(run),
+                                                                         "--overwrite", "true")],
+                           capture_output=True, text=True, timeout=300),
+            subprocess.run([sys.executable, "-m", "cosmos_pl.cli", "compare", "--config",
+                            str(repo_root / "configs/digits_smoke.yaml"), "--algorithms", "local", "--seeds", "0",
+                            "--out", str(out), "--data.num_clients", "5"], capture_output=True, text=True, timeout=300),
+        ]
+        for proc, first, folder, key in ((second[0], fit_a, run, "--run_dir"), (second[1], compare_a, out, "--out")):
+            lines = proc.stderr.strip().splitlines()
+            assert proc.returncode == 2, proc.stderr
+            assert len(lines) == 1 and lines[0].startswith(
+                f"cosmos-pl: error: {key}='{folder}': in use by process {first.pid} (`"), proc.stderr
+            assert "wait for it to finish, or stop it" in lines[0]
+        # the refused overwrite removed nothing of the running run, and the refused compare no pair folder
+        assert (out / "runs" / "local-seed0" / "pair.yaml").is_file()
+    finally:
+        for proc in (fit_a, compare_a):
+            os.killpg(proc.pid, signal.SIGKILL)  # as an OOM kill would: no chance to clean up
+            proc.communicate()
+    # the killed processes' locks went with them: the next runs get past the lock (and stop at the next check:
+    # the first run never finished round 0, so there is nothing to resume)
+    after = subprocess.run([sys.executable, "-m", "cosmos_pl.cli", *_fit(repo_root, "--resume", str(run))],
+                           capture_output=True, text=True, timeout=300)
+    assert after.returncode == 2 and "no checkpoint in" in after.stderr and "in use" not in after.stderr
