@@ -97,6 +97,10 @@ def build_compare_parser() -> ArgumentParser:
     return p
 
 
+_FLOWER_RUN = ("Submit a Flower run with flwr run's arguments ([APP] [SUPERLINK] --run-config ... --stream), wait for "
+               "it, and exit 0 only when it completed (2 when it failed, was stopped or could not start).")
+
+
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="cosmos-pl", description="cosmos-pl: model-agnostic personalized federated learning.",
                             exit_on_error=False, allow_abbrev=False)
@@ -104,6 +108,9 @@ def build_parser() -> ArgumentParser:
     sub = parser.add_subcommands(required=True)
     sub.add_subcommand("fit", build_fit_parser(), help="Train one algorithm and write a run directory.")
     sub.add_subcommand("compare", build_compare_parser(), help="Compare algorithms over seeds and write a report.")
+    # listed for --help only: main() hands its arguments to cosmos_pl.flower.run before any parsing
+    sub.add_subcommand("flower-run", ArgumentParser(description=_FLOWER_RUN),
+                       help="flwr run that waits for the run and exits 2 unless it completed (flwr run's arguments).")
     return parser
 
 
@@ -387,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("PYTHONHASHSEED", "0")
     args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "flower-run":  # flwr run's own arguments, passed on as they are
+        from cosmos_pl.flower.run import main as flower_run
+
+        return flower_run(args[1:], prog="cosmos-pl flower-run")
     command = f" {args[0]}" if args and args[0] in ("fit", "compare") else ""
     # a scheduler's time limit or Ctrl-C: unwind, keep the last complete round, say how to resume, exit 143/130
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}

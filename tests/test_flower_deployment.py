@@ -1,6 +1,9 @@
-"""A real Flower deployment on localhost: a SuperLink and 3 SuperNodes as subprocesses, ``flwr run`` of COSMOS.
+"""A real Flower deployment on localhost: a SuperLink and 3 SuperNodes as subprocesses, COSMOS submitted with
+``cosmos-pl flower-run`` (``flwr run`` that exits non-zero unless the run completed).
 
-One run shows three things (issue 10, must-shows 2 and 3):
+One federation shows four things:
+- a run whose ServerApp fails (an empty ``config``, submitted alongside) makes the command exit 2 with one line naming
+  the run, its status and the ServerApp's error, where ``flwr run`` exits 0; the COSMOS run completes and exits 0;
 - the run finishes 2 rounds over the nodes, and the pseudo-label bytes the server received from each client in each
   round (``traffic.csv``, counted from the arrays that arrived) equal ``metrics.csv`` / ``summary.json``'s accounting;
 - SuperNode 2 is killed (SIGKILL) in round 1 right after its upload: the server finishes round 1 with the others and
@@ -11,6 +14,7 @@ One run shows three things (issue 10, must-shows 2 and 3):
 import csv
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -124,10 +128,12 @@ def test_superlink_and_three_supernodes_run_cosmos_and_survive_a_killed_node(rep
         ports = [_free_port() for _ in range(CLIENTS)]
         for i in range(CLIENTS):
             supernode(i, ports[i])
+        # a run that fails in its ServerApp, before any node is asked: it ends while the nodes start
+        wrapper = [sys.executable, "-m", "cosmos_pl.cli", "flower-run", str(repo_root), "local-deployment"]
+        failing = procs.start("failing_run", [*wrapper, "--run-config", "config=''"], tmp_path)
         run_config = (f"config='configs/digits_flower.yaml' run-dir='{run_dir}' "
                       f"args='--data.num_clients {CLIENTS}' reply-timeout=240 join-timeout=240")
-        flwr = procs.start("flwr_run", [str(BIN / "flwr"), "run", str(repo_root), "local-deployment", "--stream",
-                                        "--run-config", run_config], tmp_path)
+        flwr = procs.start("flwr_run", [*wrapper, "--stream", "--run-config", run_config], tmp_path)
 
         # round 1: once client 2's pseudo-labels have arrived, kill its SuperNode (and the ClientApp it started)
         def uploaded() -> bool:
@@ -141,10 +147,23 @@ def test_superlink_and_three_supernodes_run_cosmos_and_survive_a_killed_node(rep
 
         _wait(lambda: flwr.poll() is not None, 500, "flwr run to end", logs)
         _wait(lambda: (run_dir / "summary.json").is_file(), 30, "summary.json", logs)
+        _wait(lambda: failing.poll() is not None, 60, "the failing run's command to end", logs)
     finally:
         procs.stop_all()
     wall = time.monotonic() - start
     print(f"deployment test: node 2 killed at {killed_at:.0f} s, run finished at {wall:.0f} s")
+
+    # exit status and the one line: 2 for the run whose ServerApp failed, 0 for the one that completed
+    failed_log = (logs / "failing_run.log").read_text()
+    assert failing.returncode == 2, failed_log
+    errors = [line for line in failed_log.splitlines() if line.startswith("cosmos-pl: error:")]
+    assert len(errors) == 1 and re.fullmatch(
+        r"cosmos-pl: error: the Flower run (\d+) ended finished:failed; ServerApp failed with exception: run config "
+        r"'config' is empty: give a YAML config, e\.g\. flwr run \. --run-config "
+        r"\"config='configs/digits_flower\.yaml'\" \(its log: flwr log \1 local-deployment\)", errors[0]), errors
+    ok_log = (logs / "flwr_run.log").read_text()
+    assert flwr.returncode == 0 and re.search(r"^cosmos-pl: the Flower run \d+ ended finished:completed$", ok_log,
+                                              re.M), ok_log[-3000:]
 
     summary = json.loads((run_dir / "summary.json").read_text())
     metrics = {int(r["round"]): r for r in _rows(run_dir / "metrics.csv")}

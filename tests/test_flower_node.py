@@ -1,10 +1,15 @@
 """The Flower node and wire format without a Flower runtime: each handler called with a Context, as a node would.
 
 What is checked by hand: byte counts of the arrays on the wire, the round trip of every client step and upload,
-a node's refusal of a wrong partition or public set, the roll-back of a failed client, and a restarted node (a
-fresh Context, as after a crash) continuing from the model it committed on disk.
+a node's refusal of a wrong partition, a public set or an unknown node config key, the roll-back of a failed client,
+and a restarted node (a fresh Context, as after a crash) continuing from the model it committed on disk. The
+server's join (FlowerRunner._join) runs against these handlers with a stand-in for the grid: how long it waits, why
+it stops, and the refusals it records; the ServerApp's one-line refusal of a bad setting.
 """
 
+import json
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -13,10 +18,17 @@ import torch
 pytest.importorskip("flwr", reason="the [flower] extra is not installed (make test installs it)")
 
 from flwr.app import ConfigRecord, Context, RecordDict  # noqa: E402
+from rich.console import Console  # noqa: E402
 
 from cosmos_pl.algorithms.base import Distill, JointFit, LocalFit, UnionFit  # noqa: E402
+from cosmos_pl.cli import build_fit_parser  # noqa: E402
 from cosmos_pl.communication import decode, encode  # noqa: E402
-from cosmos_pl.flower import node, wire  # noqa: E402
+from cosmos_pl.errors import ConfigError  # noqa: E402
+from cosmos_pl.federated.executor import TaskFailure  # noqa: E402
+from cosmos_pl.federated.recorder import Recorder  # noqa: E402
+from cosmos_pl.federated.run_directory import RunDirectory  # noqa: E402
+from cosmos_pl.flower import node, server_app, wire  # noqa: E402
+from cosmos_pl.flower.server import FlowerRunner, NodesMissing  # noqa: E402
 from cosmos_pl.uploads import UploadSpec, check_upload  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_flower.yaml"
@@ -49,15 +61,13 @@ def test_top_k_upload_round_trip_and_its_bytes():
     assert torch.equal(decode(back), decode(payload))
 
 
-def _context(state_dir: Path, partition: int, state: RecordDict | None = None) -> Context:
-    return Context(run_id=1, node_id=100 + partition, node_config={"partition-id": partition, "threads": 1},
+def _context(state_dir: Path, partition: int, state: RecordDict | None = None, key: str = "partition-id") -> Context:
+    return Context(run_id=1, node_id=100 + partition, node_config={key: partition, "threads": 1},
                    state=state if state is not None else RecordDict(), run_config={"node-state-dir": str(state_dir)})
 
 
 @pytest.fixture(scope="module")
 def run_yaml():
-    from cosmos_pl.cli import build_fit_parser
-
     parser = build_fit_parser()
     cfg = parser.parse_args(["--config", str(CONFIG), "--clients.pretrain_epochs", "1"])
     return parser.dump(cfg, skip_unset=False)
@@ -91,6 +101,21 @@ def test_node_refuses_a_partition_out_of_range_or_another_public_set(run_yaml, t
     _hello(run_yaml, ctx)
     with pytest.raises(ValueError, match="not answering"):
         node.pseudo_labels(_upload(1, "f" * 16), ctx)
+
+
+_KEYS_HINT = ("a node reads partition-id, state-dir, threads (flower-supernode --node-config \"partition-id=0 "
+              "state-dir='/var/lib/cosmos-pl' threads=4\")")
+
+
+def test_node_refuses_an_unknown_node_config_key_naming_the_close_match(run_yaml, tmp_path):
+    with pytest.raises(ConfigError) as err:
+        _hello(run_yaml, _context(tmp_path, 0, key="partiton-id"))
+    assert str(err.value) == f"unknown node config key 'partiton-id' (did you mean 'partition-id'?): {_KEYS_HINT}"
+    with pytest.raises(ConfigError) as err:
+        node.check_node_config({"partition-id": 0, "sate-dir": "/x", "gpu": 1})
+    assert str(err.value) == f"unknown node config keys 'gpu', 'sate-dir' (did you mean 'state-dir'?): {_KEYS_HINT}"
+    # the keys Flower's simulation engine sets on every virtual node (strings) pass
+    node.check_node_config({"partition-id": "3", "num-partitions": "6"})
 
 
 def test_failed_round_rolls_back_and_a_restarted_node_continues_from_disk(run_yaml, tmp_path):
@@ -149,3 +174,88 @@ def test_steps_and_targets_travel_in_order():
     assert config["steps"] == 2 and set(arrays) == {"s1.target"}
     back = wire.record_to_steps(config, arrays)
     assert back[0] == (LocalFit(2), None) and back[1][0] == Distill(1, lam=5.0) and torch.equal(back[1][1], target)
+
+
+class _Grid:
+    """What FlowerRunner._join asks of Flower's Grid: the connected node ids."""
+
+    def __init__(self, nodes):
+        self.nodes = nodes
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+
+def _runner(run_yaml, tmp_path, contexts, join_timeout_s):
+    """A FlowerRunner whose hello messages are answered by node.hello on ``contexts`` ({node id: Context}), an
+    exception becoming the error reply the ClientApp sends (``"<type>: <message>"``)."""
+    parser = build_fit_parser()
+    init = parser.instantiate(parser.parse_string(run_yaml))
+    runner = FlowerRunner(node.load_run(run_yaml).federation, init.algorithm, init.clients, rounds=init.rounds,
+                          seed=init.seed, trainer=init.trainer, executor=init.executor, console=Console(quiet=True),
+                          recorder=Recorder(RunDirectory.prepare(tmp_path / "run")), grid=_Grid(contexts),
+                          config_yaml=run_yaml, join_timeout_s=join_timeout_s)
+
+    def send(message_type, contents, timeout=None):
+        assert message_type == wire.HELLO
+        out = {}
+        for node_id, content in contents.items():
+            try:
+                out[node_id] = node.hello(content, contexts[node_id])
+            except Exception as err:
+                out[node_id] = TaskFailure(f"{type(err).__name__}: {err}")
+        return out
+
+    runner._send = send
+    return runner
+
+
+def test_join_stops_early_once_every_node_answered_and_records_the_refusal(run_yaml, tmp_path):
+    # 6 clients; 6 nodes connected: 0..4 as configured, the sixth with a misspelt partition-id
+    contexts = {100 + i: _context(tmp_path / "nodes", i) for i in range(5)}
+    contexts[105] = _context(tmp_path / "nodes", 5, key="partiton-id")
+    runner = _runner(run_yaml, tmp_path, contexts, join_timeout_s=60)
+    start = time.monotonic()
+    with pytest.raises(NodesMissing) as err:
+        runner._join(0, wait=True)
+    took = time.monotonic() - start
+    assert took < 30  # not the 60 s join timeout: every node had answered
+    reason = f"ConfigError: unknown node config key 'partiton-id' (did you mean 'partition-id'?): {_KEYS_HINT}"
+    message = re.sub(r"within \d+\.\d s", "within T s", str(err.value))
+    assert message == ("only 5 of 6 clients joined (missing: [5]): all 6 connected nodes answered within T s and 1 "
+                       "refused, so the server stopped waiting before join-timeout=60 s; start one SuperNode per "
+                       "client with --node-config 'partition-id=<client>' against this SuperLink; node 105 could "
+                       f"not join: {reason}")
+    waited = float(re.search(r"within (\d+\.\d) s", str(err.value)).group(1))
+    assert 0 <= waited <= took + 0.05  # the real wait, printed to 0.1 s
+
+    nodes = json.loads((tmp_path / "run" / "nodes.json").read_text())
+    assert nodes["clients"] == {str(i): 100 + i for i in range(5)}
+    assert nodes["join_failures"] == [{"round": 0, "node_id": 105, "reason": reason}]
+
+
+def test_join_waits_the_whole_timeout_for_a_missing_node_and_says_so(run_yaml, tmp_path):
+    contexts = {100 + i: _context(tmp_path / "nodes", i) for i in range(5)}  # client 5 has no node
+    runner = _runner(run_yaml, tmp_path, contexts, join_timeout_s=1.5)
+    start = time.monotonic()
+    with pytest.raises(NodesMissing) as err:
+        runner._join(0, wait=True)
+    took = time.monotonic() - start
+    waited = float(re.search(r"\((\d+\.\d) s\)", str(err.value)).group(1))
+    assert 1.5 <= waited <= took + 0.05  # the real wait (printed to 0.1 s), at least the timeout
+    assert str(err.value) == (f"only 5 of 6 clients joined (missing: [5]): waited the whole join-timeout=1.5 s "
+                              f"({waited:.1f} s) with 5 nodes connected; start one SuperNode per client with "
+                              "--node-config 'partition-id=<client>' against this SuperLink")
+
+
+@pytest.mark.parametrize("run_config, error", [
+    ({"config": str(CONFIG), "args": "--bogus 1"}, "unrecognized arguments: --bogus 1 (run config 'config' and 'args' "
+                                                    "are cosmos-pl fit's; options: cosmos-pl fit --help)"),
+    ({"args": "--seed 1"}, "run config 'config' is empty: give a YAML config, e.g. flwr run . --run-config "
+                           "\"config='configs/digits_flower.yaml'\""),
+])
+def test_server_app_refuses_a_bad_setting_with_one_line(run_config, error, capsys):
+    with pytest.raises(ConfigError) as err:
+        server_app.main(None, run_config)
+    assert str(err.value) == error
+    assert capsys.readouterr().out == f"cosmos-pl: error: {error}\n"

@@ -5,6 +5,8 @@ Two transports run one implementation of each algorithm: the in-process executor
 checks, aggregation and records as ``cosmos-pl fit``; the ``ClientApp`` (:mod:`cosmos_pl.flower.client_app`) runs
 the same client steps (:mod:`cosmos_pl.federated.client_steps`) on the node that holds the client's data, and
 keeps the client's model there between rounds (node state, plus a checkpoint on the node's disk).
+``cosmos-pl flower-run`` (:mod:`cosmos_pl.flower.run`) is ``flwr run`` that waits for the run and exits
+non-zero unless it completed.
 
 On the wire (:mod:`cosmos_pl.flower.wire`): pseudo-label arrays (dtype and top-k per ``communication``), targets
 and round instructions; model weights only for FedAvg, which averages parameters by definition. ``flwr`` is an

@@ -5,7 +5,9 @@ failure for that round with the reason and goes on with the others (``failures.o
 
 Node config (``flower-supernode --node-config``): ``partition-id`` (which client of the federation this node is,
 0..N-1; required), ``state-dir`` (where the committed model is kept; default ``~/.cache/cosmos-pl/flower``),
-``threads`` (torch CPU threads; default ``executor.threads_per_worker`` of the run, else every core).
+``threads`` (torch CPU threads; default ``executor.threads_per_worker`` of the run, else every core). Any other key
+(a misspelt ``partiton-id``) makes the node refuse to join, naming the key and the close match; the server records
+the refusal as that node's join failure (``nodes.json``).
 """
 
 from __future__ import annotations

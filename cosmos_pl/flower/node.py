@@ -11,6 +11,7 @@ failed a round (the server says so) rolls back to its committed model, as in-pro
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import torch
 from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
 
 from cosmos_pl.communication import CommunicationConfig
+from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.client import Client
 from cosmos_pl.federated.client_steps import ClientSteps, encode_upload, stage_of
 from cosmos_pl.federated.executor import available_cpus
@@ -30,10 +32,14 @@ from cosmos_pl.flower import wire
 from cosmos_pl.models import create_backbone
 from cosmos_pl.uploads import public_fingerprint
 
-__all__ = ["NodeRun", "StepFailed", "load_run", "model_digest", "hello", "pseudo_labels", "weights", "load_weights",
-           "scores", "unpack_scores", "DEFAULT_STATE_DIR"]
+__all__ = ["NodeRun", "StepFailed", "load_run", "model_digest", "check_node_config", "hello", "pseudo_labels",
+           "weights", "load_weights", "scores", "unpack_scores", "DEFAULT_STATE_DIR", "NODE_CONFIG_KEYS"]
 
 DEFAULT_STATE_DIR = Path.home() / ".cache" / "cosmos-pl" / "flower"
+# the node config keys a node reads (flower-supernode --node-config); Flower's simulation engine also sets
+# num-partitions on every virtual node, which the node accepts and does not read
+NODE_CONFIG_KEYS = ("partition-id", "state-dir", "threads")
+_FLOWER_NODE_KEYS = ("num-partitions",)
 _META, _WORKING, _COMMITTED = "cosmos.meta", "cosmos.working", "cosmos.committed"
 _RUNS: dict[str, "NodeRun"] = {}  # per process, by config hash: a cache (a node rebuilds it from its state)
 
@@ -144,21 +150,43 @@ def _commit(context: Context, rnd: int, model: torch.nn.Module) -> str:
     return digest
 
 
+def check_node_config(node_config: Any) -> None:
+    """Refuse node config keys the node does not read (a misspelt key would otherwise be ignored silently).
+
+    Raises:
+        ConfigError: one line naming each unknown key with its close match (``difflib``), and the keys a node
+            reads (:data:`NODE_CONFIG_KEYS`).
+    """
+    known = NODE_CONFIG_KEYS + _FLOWER_NODE_KEYS
+    unknown = sorted(str(k) for k in node_config if k not in known)
+    if unknown:
+        named = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, known, n=1)
+            named.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+        raise ConfigError(f"unknown node config key{'s' if len(unknown) > 1 else ''} {', '.join(named)}: a node "
+                          f"reads {', '.join(NODE_CONFIG_KEYS)} (flower-supernode --node-config "
+                          f"\"partition-id=0 state-dir='/var/lib/cosmos-pl' threads=4\")")
+
+
 # --------------------------------------------------------------------------- handlers (content -> content)
 def hello(content: RecordDict, context: Context) -> RecordDict:
     """Set the node up for the run: build its client (``partition-id``) and load its committed model from disk
     (a restarted node) or create the round-0 model. Replies the client id, the committed round and the digest.
 
     Raises:
-        ValueError: no ``partition-id`` in the node config, one out of range, or another public set U.
+        ConfigError: an unknown node config key (:func:`check_node_config`), no ``partition-id`` in the node
+            config, or one out of range.
+        ValueError: the server's public set U is not the one this node built.
     """
+    check_node_config(context.node_config)  # before the run is built: a typo is refused in a moment
     cfg = content["config"]
     run = load_run(str(cfg["config_yaml"]))
     n = run.federation.num_clients
     pid = context.node_config.get("partition-id")
     if pid is None or not 0 <= int(pid) < n:
-        raise ValueError(f"node config partition-id={pid!r}: give each node its own client, 0..{n - 1} "
-                         f"(flower-supernode --node-config 'partition-id=0')")
+        raise ConfigError(f"node config partition-id={pid!r}: give each node its own client, 0..{n - 1} "
+                          f"(flower-supernode --node-config 'partition-id=0')")
     if run.fingerprint != str(cfg["public_fingerprint"]):
         raise ValueError(f"public set U differs: this node built U with fingerprint {run.fingerprint}, the server "
                          f"{cfg['public_fingerprint']}; give the node the same data and cosmos-pl version")

@@ -33,7 +33,8 @@ __all__ = ["FlowerRunner", "NodesMissing"]
 
 
 class NodesMissing(UserError):
-    """Fewer nodes than clients joined before round 0 within ``join_timeout_s``."""
+    """Fewer nodes than clients joined before round 0: ``join_timeout_s`` passed, or every connected node answered
+    and some refused."""
 
 
 class FlowerRunner(Runner):
@@ -62,11 +63,23 @@ class FlowerRunner(Runner):
         self._pending: dict[int, list] = {}  # client id -> training steps to send with its next message
         self.traffic: list[dict[str, Any]] = []
         self.joins: list[dict[str, Any]] = []
+        self.join_failures: list[dict[str, Any]] = []  # the nodes that refused to join: round, node id, reason
 
     # ----------------------------------------------------------------- nodes
     def _join(self, rnd: int, wait: bool) -> None:
-        """Greet every node the server has not seen yet; with ``wait``, until each client has a node."""
-        deadline = time.monotonic() + (self.join_timeout_s if wait else 0.0)
+        """Greet every node the server has not seen yet; with ``wait``, until each client has a node.
+
+        With ``wait`` it stops waiting at ``join_timeout_s``, or earlier once at least as many nodes as clients are
+        connected and every one of them has answered, some refusing (a wrong ``partition-id``, an unknown node config
+        key, a client held twice): a misconfigured node fails the run in the time a hello takes, not the whole
+        join timeout.
+
+        Raises:
+            NodesMissing: with ``wait``, a client has no node when it stops waiting; says which clients are missing,
+                how long it waited and why it stopped, and the first refusal's reason.
+        """
+        start = time.monotonic()
+        deadline = start + (self.join_timeout_s if wait else 0.0)
         n = len(self.clients)
         refused: dict[int, str] = {}  # node id -> why it could not join (asked once per call)
         while True:
@@ -85,15 +98,31 @@ class FlowerRunner(Runner):
                     reason = self._greeted(rnd, node_id, reply)
                     if reason and not reason.startswith("node "):  # a refusal; a node that did not reply is asked again
                         refused[node_id] = reason
+                        self.join_failures.append({"round": rnd, "node_id": node_id, "reason": reason})
+                        self._write_nodes()
             if not wait or len(self.node_of) == n:
                 return
-            if time.monotonic() > deadline or (len(present) >= n and len(self.node_of) + len(refused) >= len(present)):
+            now = time.monotonic()
+            waited = now - start
+            answered = len(present) >= n and len(self.node_of) + len(refused) >= len(present)
+            if answered or now >= deadline:
                 missing = sorted(set(range(n)) - set(self.node_of))
-                why = f"; a node could not join: {next(iter(refused.values()))}" if refused else ""
-                raise NodesMissing(f"only {len(self.node_of)} of {n} clients joined within {self.join_timeout_s:g} s "
-                                   f"(missing: {missing}); start one SuperNode per client with --node-config "
-                                   f"'partition-id=<client>' against this SuperLink{why}")
-            time.sleep(1.0)
+                if answered:
+                    why = (f"all {len(present)} connected nodes answered within {waited:.1f} s and {len(refused)} "
+                           f"refused, so the server stopped waiting before join-timeout={self.join_timeout_s:g} s")
+                else:
+                    why = (f"waited the whole join-timeout={self.join_timeout_s:g} s ({waited:.1f} s) with "
+                           f"{len(present)} node{'s' if len(present) != 1 else ''} connected")
+                first = next(iter(refused.items()), None)
+                refusal = "" if first is None else f"; node {first[0]} could not join: {first[1]}"
+                raise NodesMissing(f"only {len(self.node_of)} of {n} clients joined (missing: {missing}): {why}; "
+                                   f"start one SuperNode per client with --node-config 'partition-id=<client>' "
+                                   f"against this SuperLink{refusal}")
+            time.sleep(max(0.0, min(1.0, deadline - time.monotonic())))
+
+    def _write_nodes(self) -> None:
+        self.recorder.write_json("nodes.json", {"clients": {str(c): n for c, n in sorted(self.node_of.items())},
+                                                "joins": self.joins, "join_failures": self.join_failures})
 
     def _greeted(self, rnd: int, node_id: int, reply: Any) -> Optional[str]:
         """Record a node's hello reply; returns why it could not join, or None."""
@@ -112,8 +141,7 @@ class FlowerRunner(Runner):
         intact = None if last is None else last == (committed, digest)
         self.joins.append({"round": rnd, "client": cid, "node_id": node_id, "committed_round": committed,
                            "digest": digest, "last_reported": None if last is None else list(last), "intact": intact})
-        self.recorder.write_json("nodes.json", {"clients": {str(c): n for c, n in sorted(self.node_of.items())},
-                                                "joins": self.joins})
+        self._write_nodes()
         if last is not None:
             state = "intact" if intact else f"NOT the one it reported (round {last[0]}, {last[1]})"
             self.console.print(f"round {rnd}: client {cid} rejoined on node {node_id} with its model of round "

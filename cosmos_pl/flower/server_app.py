@@ -9,7 +9,8 @@ as the runner. Its settings come from Flower's run config (``[tool.flwr.app.conf
 - ``run-dir``: the run directory (empty: a new ``runs/<config>-<time>``); ``overwrite``: reuse a used one;
 - ``args``: any further ``cosmos-pl fit`` flags, e.g. ``"--seed 1 --rounds 3"``;
 - ``reply-timeout``: seconds a step waits for the nodes' replies (0: ``failures.timeout_s``, else 600);
-- ``join-timeout``: seconds to wait before round 0 for one node per client;
+- ``join-timeout``: seconds to wait before round 0 for one node per client (it stops earlier, with the reason, once
+  at least one node per client is connected and each has answered, some refusing);
 - ``node-state-dir``: where nodes keep their committed models when their node config gives no ``state-dir``.
 """
 
@@ -23,6 +24,8 @@ from typing import Any
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
+
+from cosmos_pl.errors import ConfigError, UserError  # no torch: a missing config fails before it is imported
 
 __all__ = ["app", "make_server_app", "fit_argv", "main"]
 
@@ -45,11 +48,11 @@ def fit_argv(run_config: dict[str, Any]) -> list[str]:
     """The ``cosmos-pl fit`` arguments a Flower run config stands for.
 
     Raises:
-        ValueError: ``config`` is missing.
+        ConfigError: ``config`` is missing.
     """
     if not run_config.get("config"):
-        raise ValueError("run config 'config' is empty: give a YAML config, e.g. flwr run . --run-config "
-                         "\"config='configs/digits_flower.yaml'\"")
+        raise ConfigError("run config 'config' is empty: give a YAML config, e.g. flwr run . --run-config "
+                          "\"config='configs/digits_flower.yaml'\"")
     argv = ["--config", _config_path(str(run_config["config"]))]
     if run_config.get("run-dir"):
         argv += ["--run_dir", str(run_config["run-dir"])]
@@ -62,20 +65,27 @@ def main(grid: Grid, run_config: dict[str, Any]) -> None:
     """Run ``cosmos-pl fit`` over the nodes connected to ``grid``.
 
     Raises:
-        UserError: a bad setting, missing data, nodes that did not join, a round that failed (also printed as one
-            ``cosmos-pl: error:`` line).
+        UserError: a bad setting (an unknown or invalid flag in ``args`` is a ConfigError), missing data, nodes
+            that did not join, a round that failed (also printed as one ``cosmos-pl: error:`` line, which Flower's
+            run status repeats: ``flwr ls --run-id``).
     """
-    from cosmos_pl.class_groups import parse_args
-    from cosmos_pl.cli import build_fit_parser, run_fit
-    from cosmos_pl.errors import UserError
-    from cosmos_pl.flower.server import FlowerRunner
-
-    parser = build_fit_parser()
-    cfg = parse_args(parser, fit_argv(run_config))
-    transport = functools.partial(FlowerRunner, grid=grid,
-                                  reply_timeout_s=float(run_config.get("reply-timeout", 0)) or None,
-                                  join_timeout_s=float(run_config.get("join-timeout", 600)))
     try:
+        argv = fit_argv(run_config)  # before the imports of torch and Lightning: a missing config fails at once
+        from jsonargparse import ArgumentError
+
+        from cosmos_pl.class_groups import parse_args
+        from cosmos_pl.cli import build_fit_parser, run_fit
+        from cosmos_pl.flower.server import FlowerRunner
+
+        parser = build_fit_parser()
+        try:
+            cfg = parse_args(parser, argv)
+        except ArgumentError as err:  # an unknown key or a wrong type, as cosmos-pl fit reports it
+            raise ConfigError(f"{err} (run config 'config' and 'args' are cosmos-pl fit's; options: cosmos-pl fit "
+                              "--help)") from None
+        transport = functools.partial(FlowerRunner, grid=grid,
+                                      reply_timeout_s=float(run_config.get("reply-timeout", 0)) or None,
+                                      join_timeout_s=float(run_config.get("join-timeout", 600)))
         run_fit(cfg, parser, transport)
     except UserError as err:
         print(f"cosmos-pl: error: {' '.join(str(err).split())}", flush=True)
