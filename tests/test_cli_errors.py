@@ -66,6 +66,7 @@ BAD_SETTINGS = [
     (["--algorithm.init_args.teacher_optimizer.init_args.lr=-1e-4"],
      "algorithm.init_args.teacher_optimizer.init_args.lr=-0.0001: must be finite and > 0"),
     (["--algorithm", "FedAvg"], "same backbone"),
+    (["--algorithm", "Cosmoss"], "algorithm='Cosmoss': unknown algorithm; did you mean 'cosmos'?"),
     (["--algorithm", "COMET", "--algorithm.init_args.num_clusters", "0"], "algorithm.init_args.num_clusters=0"),
     (["--algorithm", "FedMD", "--algorithm.init_args.digest_epochs", "-1"], "algorithm.init_args.digest_epochs=-1"),
     (["--wandb.project", "a/b"], "wandb.project='a/b'"),
@@ -89,7 +90,6 @@ def test_a_bad_setting_is_one_line_and_exit_2_before_any_data_is_loaded(fit, fla
 PARSE_ERRORS = [
     (["--rounds", "three"], 'key "rounds"'),
     (["--algorithm.lamda", "3"], "lamda"),
-    (["--algorithm", "Cosmoss"], "Cosmoss"),
     (["--trainer.precision", "8"], "trainer.precision"),
     (["--data.num_client", "5"], "--data.num_client"),  # a prefix of data.num_clients is not taken for it
 ]
