@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, lazy_instance
 
+from cosmos_pl import signals
 from cosmos_pl.algorithms import COSMOS, Algorithm
 from cosmos_pl.class_groups import class_args
 from cosmos_pl.config import (
@@ -43,6 +44,7 @@ from cosmos_pl.config import (
 from cosmos_pl.errors import ConfigError, UserError
 from cosmos_pl.federated.checkpoint import CheckpointConfig
 from cosmos_pl.federated.failures import FailureConfig
+from cosmos_pl.signals import Interrupted
 
 ISSUES_URL = "https://github.com/cosmos-pl/cosmos-pl/issues"
 
@@ -341,25 +343,11 @@ def run(argv: list[str]) -> Any:
     return run_compare(cfg.compare, sub, build_fit_parser())
 
 
-class Interrupted(BaseException):
-    """SIGTERM or SIGINT arrived: unwinds the run (a BaseException, so no ``except Exception`` swallows it)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-        self.run_dir: Optional[Path] = None
-        self.last_round: Optional[int] = None
-
-
 def resume_line(run_dir: Path, done: int, when: str = "") -> str:
     """``rounds 0..done are saved in RUN_DIR/checkpoints: resume with `cosmos-pl fit --resume RUN_DIR```: what a
     stopped run says (a signal, failing clients, a full disk)."""
     return (f"rounds 0..{done} are saved in {run_dir}/checkpoints: resume{' ' + when if when else ''} with "
             f"`cosmos-pl fit --resume {run_dir}`")
-
-
-def _on_signal(signum: int, frame: Any) -> None:
-    raise Interrupted(signum)
 
 
 def _interrupted(err: Interrupted, command: str) -> int:
@@ -399,10 +387,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return flower_run(args[1:], prog="cosmos-pl flower-run")
     command = f" {args[0]}" if args and args[0] in ("fit", "compare") else ""
-    # a scheduler's time limit or Ctrl-C: unwind, keep the last complete round, say how to resume, exit 143/130
-    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    # a scheduler's time limit or Ctrl-C: unwind, keep the last complete round, say how to resume, exit 143/130;
+    # cosmos_pl.signals records the stop too, so one whose exception was lost still ends here
+    previous = signals.install()
     try:
-        result = run(args)
+        with signals.converted():
+            result = run(args)
+            signals.check()
         if argv is None:  # the console script: the results are written, a late SIGTERM must not turn exit 0 into 143
             for s in previous:
                 signal.signal(s, signal.SIG_IGN)
@@ -422,8 +413,7 @@ def main(argv: list[str] | None = None) -> int:
               f"this traceback at {ISSUES_URL}", file=sys.stderr)
         return 1
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        signals.restore(previous)
     return 1 if getattr(result, "failed", False) else 0
 
 

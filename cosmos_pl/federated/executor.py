@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Literal, Optional, Sequence, Union
 
 import torch
 
+from cosmos_pl import signals
 from cosmos_pl.errors import ConfigError, DataError, check
 
 __all__ = ["ExecutorConfig", "Executor", "Task", "TaskFailure", "TaskTimeout", "available_cpus", "resolve_devices"]
@@ -268,14 +269,17 @@ class Executor:
         torch.set_num_threads(self.threads)
         try:
             for i, (fn, kwargs) in enumerate(tasks):
+                signals.check()  # a safe point: a stop request whose exception was lost stops here
                 if returns_model and kwargs.get("model") is not None:
                     kwargs = {**kwargs, "model": copy.deepcopy(kwargs["model"])}
                 try:
                     with _alarm(timeout_s):
                         out = fn(**kwargs)
                 except Exception as err:  # KeyboardInterrupt and signals pass through
+                    signals.check(err)  # an error during a stop is the stop's, not a failure of the client
                     yield self._failed(i, err, tolerate)
                     continue
+                signals.check()  # a task that ran on past a stop request is not used
                 yield i, kwargs.get("model"), out
         finally:
             torch.set_num_threads(previous)
@@ -290,6 +294,7 @@ class Executor:
         pending = sorted(range(len(tasks)), key=lambda i: -(costs[i] if costs else 0.0))
         busy: dict[int, _Worker] = {}
         while pending or busy:
+            signals.check()  # a safe point: a stop request whose exception was lost stops here
             for worker in self._workers:
                 if worker.task is None and pending:
                     i = pending.pop(0)
@@ -313,6 +318,7 @@ class Executor:
             if timeout_s and running:
                 limit = max(0.0, min(running) + timeout_s - time.monotonic())
             ready = set(wait(waits, timeout=limit))
+            signals.check()
             for i, worker in list(busy.items()):
                 reply = None
                 if worker.conn in ready:

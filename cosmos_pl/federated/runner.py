@@ -35,6 +35,7 @@ from cosmos_pl.algorithms.base import (
     Algorithm, Distill, FederationContext, JointFit, LoadWeights, LocalFit, ServerResult, UnionFit, Upload,
 )
 from cosmos_pl.communication import CommunicationConfig, decode, state_dict_bytes
+from cosmos_pl import signals
 from cosmos_pl.data import Federation
 from cosmos_pl.errors import ConfigError, DivergenceError
 from cosmos_pl.federated import checkpoint, faults
@@ -330,6 +331,7 @@ class Runner:
             self._check_fraction(0)
             if self._failed:  # a round 0 with failed clients is not shared with other runs
                 return
+            signals.check()  # nor one that a stop request interrupted
             atomic_save({"models": [c.model.state_dict() for c in self.clients],
                          "losses": self.stage_losses.get(0, {})}, path)
 
@@ -478,7 +480,12 @@ class Runner:
             resume: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         """Round 0 and rounds 1..R, a checkpoint after each; returns the summary (also written to summary.json).
         ``round0_cache`` and ``round0_key``: see :meth:`pretrain`. ``resume``: a checkpoint
-        (:func:`cosmos_pl.federated.checkpoint.load_latest`) to continue from, after its round."""
+        (:func:`cosmos_pl.federated.checkpoint.load_latest`) to continue from, after its round.
+
+        Raises:
+            cosmos_pl.signals.Interrupted: a SIGTERM/SIGINT arrived (with :func:`cosmos_pl.signals.install`); also
+                when its own exception was lost, or another one escaped while it was recorded. The round it
+                interrupted is not checkpointed and no summary is written."""
         start = time.perf_counter()
         try:
             if resume is None:
@@ -497,8 +504,12 @@ class Runner:
                 self.evaluate(rnd, self.algorithm.phase(rnd), comm)
                 self.round_seconds[rnd] = time.perf_counter() - round_start
                 self._checkpoint(rnd, start)
+        except BaseException as err:  # a SIGTERM/SIGINT whose exception was lost ends as Interrupted all the same
+            signals.check(err)
+            raise
         finally:
             self.executor.close()
+        signals.check()  # a stopped run is not reported as finished
         summary = self.summary(self.previous_wall + time.perf_counter() - start)
         self.recorder.write_summary(summary)
         return summary
@@ -508,6 +519,7 @@ class Runner:
         run_dir = self.recorder.run_dir
         if run_dir is None:
             return
+        signals.check()  # a round that a stop request interrupted is never committed
         state = self.state_dict()
         state["runner"]["wall"] = self.previous_wall + time.perf_counter() - start
         self.last_checkpoint = checkpoint.save(run_dir.path, rnd, state, self.checkpoint_cfg.keep)

@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler
 from torchmetrics.classification import MulticlassAccuracy
 
+from cosmos_pl import signals
 from cosmos_pl.errors import DivergenceError, check
 from cosmos_pl.modules import DistillationModule, JointModule, SupervisedModule
 from cosmos_pl.modules.base import CosmosModule, OptimizerFactory
@@ -151,6 +152,7 @@ def _fit(module: CosmosModule, model: nn.Module, trainer: TrainerConfig, epochs:
         module.backbone = torch.compile(module.backbone)  # shares the parameters of the model trained in place
     with _quiet_lightning():
         _trainer(trainer, epochs).fit(module, train_dataloaders=loader)
+    signals.check()  # a stop request whose exception was lost inside the stage (cosmos_pl.signals)
     bad = nonfinite_tensors(model)
     if bad:
         others = f" and {len(bad) - 1} other tensors" if len(bad) > 1 else ""
@@ -189,6 +191,14 @@ def _check_targets(targets: torch.Tensor, where: str) -> None:
                               f"{_PREDICTION_FIX}")
 
 
+class _StopRequests(pl.Callback):
+    """A safe point after every training batch: a SIGTERM/SIGINT whose exception was lost stops the stage there
+    (:func:`cosmos_pl.signals.check`; Lightning itself only notices SIGTERM, and only by its own handler)."""
+
+    def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        signals.check()
+
+
 def _trainer(cfg: TrainerConfig, epochs: int) -> pl.Trainer:
     accelerator = "gpu" if resolve_device(cfg.accelerator).type == "cuda" else "cpu"
     return pl.Trainer(
@@ -203,6 +213,7 @@ def _trainer(cfg: TrainerConfig, epochs: int) -> pl.Trainer:
         use_distributed_sampler=False,
         num_sanity_val_steps=0,
         log_every_n_steps=1_000_000,
+        callbacks=[_StopRequests()],
     )
 
 
