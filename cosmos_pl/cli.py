@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, lazy_instance
 
@@ -71,6 +71,9 @@ def build_fit_parser() -> ArgumentParser:
                         "runs with the same hash load them instead of training (cosmos-pl compare sets it).")
     p.add_argument("--rounds", type=int, default=3,
                    help="R: communication rounds after round 0 (COSMOS: round 1 is the PTC phase, rounds 2.. IFFT).")
+    p.add_argument("--headline_metric", type=Literal["top1", "top5"], default="top1",
+                   help="The accuracy the headline, the best round and the comparison are judged by: top1, or top5 "
+                        "(the paper's for Tiny ImageNet; needs M >= 20 classes); the other is reported beside it.")
     p.add_class_arguments(DataConfig, "data")
     p.add_class_arguments(ClientConfig, "clients")
     p.add_subclass_arguments(Algorithm, "algorithm", default=lazy_instance(COSMOS), required=False,
@@ -226,7 +229,8 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
             transformations=init.transformations, trainer=init.trainer, executor=init.executor,
             communication=init.communication, recorder=Recorder(run_dir, tracker), console=console,
             failures=init.failures, checkpoints=init.checkpoint,
-            checkpoint_meta={"config_hash": settings_hash, "wandb_run_id": tracker.run_id}, **extra)
+            checkpoint_meta={"config_hash": settings_hash, "wandb_run_id": tracker.run_id},
+            headline_metric=init.headline_metric, **extra)
         runner.last_checkpoint = resume_path
         try:
             summary = runner.run(Path(cfg.round0_cache) if cfg.round0_cache else None, _round0_key(cfg), resume)
@@ -243,19 +247,33 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
     print_table(runner.recorder.rows, console, title=f"{algorithm.name}: personalized accuracy per round")
     plot_run(runner.recorder.rows, run_path / "accuracy_vs_round.png",
              f"{algorithm.name} on {data.name}, seed {init.seed}: accuracy per round")
+    console.print(final_line(summary, algorithm.scored) + f"; {summary['wall_seconds']:.0f} s. Files in {run_path}")
+    return summary
+
+
+def final_line(summary: dict[str, Any], scored: str) -> str:
+    """``fit``'s last line: the headline metric of the scored model (mean ± SEM over clients), the other metric
+    beside it where recorded, the other model, local-only (round 0), and K with the ARI where there are clusters."""
     final, local = summary["final"], summary["local_only"]
-    teacher = final.get("teacher_acc", {}).get("mean")
-    parts = [f"final round {final['round']}: {summary['scored_model']} "
-             f"{final['personalized_acc']['mean']:.4f} ± {final['personalized_acc']['sem']:.4f}"]
-    if teacher is not None and algorithm.scored != "teacher":
-        parts.append(f"teacher {teacher:.4f}")
-    if algorithm.scored == "teacher":
-        parts.append(f"client f_i {final['client_acc']['mean']:.4f}")
-    parts.append(f"local-only (round 0) {local['client_acc']['mean']:.4f}")
+    metric = summary.get("headline_metric", "top1")
+    keys = {"top1": ("personalized_acc", "acc"), "top5": ("personalized_top5", "top5")}
+    other = "top5" if metric == "top1" else "top1"
+    head, suffix = keys[metric]
+    label = "top-5 " if metric == "top5" else ""
+    parts = [f"final round {final['round']}: {summary['scored_model']} {label}"
+             f"{final[head]['mean']:.4f} ± {final[head]['sem']:.4f}"]
+    if keys[other][0] in final:
+        o = final[keys[other][0]]
+        parts[0] += f" ({'top-1' if other == 'top1' else 'top-5'} {o['mean']:.4f} ± {o['sem']:.4f})"
+    teacher = final.get(f"teacher_{suffix}", {}).get("mean")
+    if teacher is not None and scored != "teacher":
+        parts.append(f"teacher {label}{teacher:.4f}")
+    if scored == "teacher":
+        parts.append(f"client f_i {label}{final[f'client_{suffix}']['mean']:.4f}")
+    parts.append(f"local-only (round 0) {label}{local[f'client_{suffix}']['mean']:.4f}")
     if summary["clusters"]["K"] is not None:
         parts.append(f"K = {summary['clusters']['K']}, ARI = {summary['clusters']['adjusted_rand_index']}")
-    console.print("; ".join(parts) + f"; {summary['wall_seconds']:.0f} s. Files in {run_path}")
-    return summary
+    return "; ".join(parts)
 
 
 def _round0_key(cfg: Namespace) -> str:

@@ -229,8 +229,11 @@ def validate_against_data(init: Namespace, num_classes: int) -> None:
     """The checks that need the loaded data set's number of classes M; run before round 0.
 
     Raises:
-        ConfigError: ``communication.top_k`` > M.
+        ConfigError: ``communication.top_k`` > M, or ``headline_metric`` top5 with M < 20.
     """
     top_k = init.communication.top_k
     check(top_k is None or top_k <= num_classes, "communication.top_k", top_k,
           f"must lie in [1, M={num_classes}] for this data set, or null for dense uploads")
+    metric = init.get("headline_metric", "top1")
+    check(metric != "top5" or num_classes >= 20, "headline_metric", metric,
+          f"top-5 accuracy is recorded for data sets of M >= 20 classes and this one has M = {num_classes}: use top1")

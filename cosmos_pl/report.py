@@ -9,7 +9,10 @@ from typing import Any, Sequence
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["mean_sem", "round_table", "run_curves", "plot_run", "round_figure", "save_round_figure"]
+__all__ = ["mean_sem", "round_table", "run_curves", "plot_run", "round_figure", "save_round_figure", "METRIC_LABEL"]
+
+
+METRIC_LABEL = {"top1": "top-1", "top5": "top-5"}
 
 
 def mean_sem(values: Sequence[float | None]) -> dict[str, float]:
@@ -103,9 +106,10 @@ def round_figure():
     return plt.subplots(figsize=(7, 4.5))
 
 
-def save_round_figure(fig: Any, ax: Any, path: Path, title: str, legend_fontsize: Any = None) -> None:
-    """Label ``ax`` (integer rounds, mean personalized accuracy), then write ``fig`` to ``path`` atomically and
-    close it."""
+def save_round_figure(fig: Any, ax: Any, path: Path, title: str, legend_fontsize: Any = None,
+                      metric: str = "top1") -> None:
+    """Label ``ax`` (integer rounds, mean personalized accuracy in ``metric``: ``top1`` or ``top5``), then write
+    ``fig`` to ``path`` atomically and close it."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
@@ -113,7 +117,7 @@ def save_round_figure(fig: Any, ax: Any, path: Path, title: str, legend_fontsize
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
-    ax.set_ylabel("mean personalized accuracy (top-1)")
+    ax.set_ylabel(f"mean personalized accuracy ({METRIC_LABEL[metric]})")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=legend_fontsize)

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from cosmos_pl.compare.report import PairResult, comparison_markdown, communication_markdown, overlaps, summarize, \
-    write_report
+from cosmos_pl.compare.report import PairResult, comparison_markdown, communication_markdown, overlaps, \
+    paired_interval, summarize, write_report
 
 COMM = {"rounds": 2, "upload_bytes_per_client_per_round": 100, "download_bytes_per_client_per_round": 50,
         "upload_bytes_per_client_total": 200, "download_bytes_per_client_total": 100,
@@ -52,7 +52,7 @@ def test_markdown_csv_and_communication(tmp_path):
     pairs = _pairs()
     rows = write_report(pairs, tmp_path, "made-up")
     md = (tmp_path / "comparison.md").read_text()
-    assert "| fedmd † | client model f_i | 0,1,2 | 0.7200 ± 0.0115 |" in md
+    assert "| fedmd †‡ | client model f_i | 0,1,2 | 0.7200 ± 0.0115 |" in md  # 0.10 on every seed: interval [0.1, 0.1]
     assert "| cosmos | cluster teacher h_pi(i) | 0,1,2 | 0.8200 ± 0.0115 | 0.8533 ± 0.0240 | 0.6000 ± 0.0000 | - |" in md
     assert "| 0.6000 ± 0.0000 | 0.1000 ± 0.0000 |" in md  # the fedmd row's paired difference
     assert "comet, seed 0: exit status 1: boom" in md
@@ -68,3 +68,99 @@ def test_markdown_csv_and_communication(tmp_path):
     assert "| cosmos | 2 | 100 | 50 | 300 | 8,000 |" in comm
     assert comm == communication_markdown(pairs)
     assert (tmp_path / "accuracy_vs_round.png").stat().st_size > 1000
+
+
+T_975_2 = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom (tables: 4.303)
+
+
+def test_one_seed_has_no_sem_and_no_mark(tmp_path):
+    pairs = [PairResult("cosmos", 0, [0.08, 0.0863], "cluster teacher h_pi(i)", COMM),
+             PairResult("local", 0, [0.08, 0.0809], "client model f_i", COMM),
+             PairResult("fedmd", 0, [0.08, 0.0800], "client model f_i", COMM)]
+    rows = {r.algorithm: r for r in write_report(pairs, tmp_path, "one seed")}
+    assert not any(r.dagger or r.paired_above_zero for r in rows.values())
+    md = (tmp_path / "comparison.md").read_text()
+    assert "| cosmos | cluster teacher h_pi(i) | 0 | 0.0863 ± n/a | 0.0863 ± n/a | 0.0800 ± n/a | - | - | - |" in md
+    assert "| local | client model f_i | 0 | 0.0809 ± n/a | 0.0809 ± n/a | 0.0800 ± n/a | 0.0054 ± n/a | n/a | - |" in md
+    assert "With fewer than 2 seeds (cosmos, local, fedmd) there is no SEM and no interval (n/a) and no mark" in md
+    assert "†" not in md.split("\n\n", 3)[-1] and "‡" not in md.split("\n\n", 3)[-1]  # the table has no mark
+    with open(tmp_path / "comparison.csv") as f:
+        table = {r["algorithm"]: r for r in csv.DictReader(f)}
+    assert table["local"]["final_sem"] == "" and table["local"]["paired_diff_ci95_low"] == ""
+    assert table["local"]["dagger"] == "0" and table["local"]["paired_above_zero"] == "0"
+
+
+def test_three_seeds_paired_interval_above_zero_while_the_unpaired_intervals_overlap():
+    # the partition moves both algorithms together: COSMOS 0.80, 0.70, 0.90; the baseline 0.02, 0.025, 0.015 below
+    pairs = [PairResult("cosmos", s, [0.6, f], "cluster teacher h_pi(i)", COMM) for s, f in enumerate((0.80, 0.70, 0.90))]
+    pairs += [PairResult("comet", s, [0.6, f], "client model f_i", COMM) for s, f in enumerate((0.78, 0.675, 0.885))]
+    rows = {r.algorithm: r for r in summarize(pairs)}
+    cosmos, comet = rows["cosmos"], rows["comet"]
+    # unpaired: 0.80 ± 0.1/sqrt(3) = 0.0577 and 0.78 ± 0.105/sqrt(3) = 0.0606 overlap: no dagger
+    assert cosmos.final["sem"] == pytest.approx(0.1 / math.sqrt(3))
+    assert comet.final["sem"] == pytest.approx(0.105 / math.sqrt(3))
+    assert not comet.dagger and not cosmos.dagger
+    # paired: differences 0.02, 0.025, 0.015: mean 0.02, sample std 0.005, SEM 0.005 / sqrt(3) = 0.0028868;
+    # 95% interval 0.02 -+ 4.3027 * 0.0028868 = [0.007579, 0.032421], above 0
+    sem = 0.005 / math.sqrt(3)
+    assert comet.paired["mean"] == pytest.approx(0.02) and comet.paired["sem"] == pytest.approx(sem)
+    assert comet.paired["low"] == pytest.approx(0.02 - T_975_2 * sem) == pytest.approx(0.0075791, abs=1e-6)
+    assert comet.paired["high"] == pytest.approx(0.0324209, abs=1e-6)
+    assert comet.paired_above_zero and cosmos.paired_above_zero  # the only baseline: COSMOS gets it too
+    md = comparison_markdown(list(rows.values()), "cifar10 subset")
+    assert "| comet ‡ | client model f_i | 0,1,2 | 0.7800 ± 0.0606 |" in md
+    assert "| 0.0200 ± 0.0029 | [+0.0076, +0.0324] |" in md
+    # a spread that reaches 0: differences 0.02, 0.03, 0.01 -> SEM 0.005774, half-width 0.024841, low -0.0048
+    assert paired_interval([0.02, 0.03, 0.01])["low"] == pytest.approx(0.02 - T_975_2 * 0.01 / math.sqrt(3))
+    assert paired_interval([0.02, 0.03, 0.01])["low"] < 0
+
+
+def test_a_top5_headline_decides_every_number_and_mark(tmp_path):
+    def pair(alg, seed, top1, top5):
+        return PairResult(alg, seed, [0.05, top1], "client model f_i", COMM, rounds_top5=[0.2, top5])
+
+    # top-1: cosmos 0.086, 0.088, 0.090 vs local 0.081, 0.083, 0.085 (apart by 0.005 each seed);
+    # top-5: cosmos 0.30, 0.31, 0.32 vs local 0.30, 0.32, 0.34 (differences 0, -0.01, -0.02)
+    pairs = [pair("cosmos", s, a, b) for s, a, b in ((0, 0.086, 0.30), (1, 0.088, 0.31), (2, 0.090, 0.32))]
+    pairs += [pair("local", s, a, b) for s, a, b in ((0, 0.081, 0.30), (1, 0.083, 0.32), (2, 0.085, 0.34))]
+    rows = {r.algorithm: r for r in write_report(pairs, tmp_path, "tiny", "top5")}
+    assert rows["cosmos"].final["mean"] == pytest.approx(0.31)
+    assert rows["local"].paired["mean"] == pytest.approx(-0.01) and not rows["local"].paired_above_zero
+    assert rows["local"].other_final["mean"] == pytest.approx(0.083)  # top-1 beside it
+    md = (tmp_path / "comparison.md").read_text()
+    assert "Headline metric: top-5 accuracy." in md
+    assert "| final round (top-5) | best round | local-only (round 0) | COSMOS - this | 95% interval | final round (top-1) |" in md
+    assert "| cosmos | client model f_i | 0,1,2 | 0.3100 ± 0.0058 | 0.3100 ± 0.0058 | 0.2000 ± 0.0000 | - | - | 0.0880 ± 0.0012 |" in md
+    with open(tmp_path / "comparison.csv") as f:
+        table = {r["algorithm"]: r for r in csv.DictReader(f)}
+    assert table["cosmos"]["headline_metric"] == "top5"
+    assert float(table["cosmos"]["final_top1_mean"]) == pytest.approx(0.088)
+    # in top-1 the same runs give COSMOS a paired 0.005 on every seed: above 0
+    assert {r.algorithm: r for r in summarize(pairs, metric="top1")}["local"].paired_above_zero
+
+
+def test_fit_final_line_reports_the_headline_metric_with_the_other_beside_it():
+    from cosmos_pl.cli import final_line
+
+    stats = lambda m, s: {"mean": m, "sem": s}  # noqa: E731
+    summary = {"headline_metric": "top5", "scored_model": "cluster teacher h_pi(i)",
+               "final": {"round": 3, "personalized_acc": stats(0.25, 0.01), "personalized_top5": stats(0.5, 0.02),
+                         "client_acc": stats(0.2, 0.01), "client_top5": stats(0.45, 0.02)},
+               "local_only": {"client_acc": stats(0.18, 0.01), "client_top5": stats(0.4, 0.02)},
+               "clusters": {"K": 5, "adjusted_rand_index": 1.0}}
+    assert final_line(summary, "teacher") == ("final round 3: cluster teacher h_pi(i) top-5 0.5000 ± 0.0200 (top-1 "
+                                              "0.2500 ± 0.0100); client f_i top-5 0.4500; local-only (round 0) top-5 "
+                                              "0.4000; K = 5, ARI = 1.0")
+    summary["headline_metric"] = "top1"
+    assert final_line(summary, "teacher").startswith("final round 3: cluster teacher h_pi(i) 0.2500 ± 0.0100 (top-5 "
+                                                     "0.5000 ± 0.0200); client f_i 0.2000; local-only (round 0) 0.1800")
+
+
+def test_a_top5_headline_on_fewer_than_20_classes_is_refused(repo_root, tmp_path, capsys):
+    from cosmos_pl.cli import main
+
+    assert main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(tmp_path / "r"),
+                 "--headline_metric", "top5", "--wandb.mode", "disabled"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "cosmos-pl: error: headline_metric='top5': top-5 accuracy is recorded for data sets of M >= 20 classes and "
+        "this one has M = 10: use top1")

@@ -46,8 +46,8 @@ __all__ = ["run_compare", "CompareResult", "Pair"]
 _COMPARE_ONLY = ("algorithms", "seeds", "jobs", "out", "config", "comparison", "overwrite")
 # keys of pair.yaml that do not change a run's numbers (and are absent from older pair.yaml files); failures
 # settings only act when a client fails, which a finished run would have recorded; paths, so that an --out
-# folder may be moved
-_NOT_RUN_SETTINGS = ("overwrite", "resume", "checkpoint", "failures", "run_dir", "round0_cache")
+# folder may be moved; the headline metric, which the report reads from metrics.csv (both metrics are there)
+_NOT_RUN_SETTINGS = ("overwrite", "resume", "checkpoint", "failures", "run_dir", "round0_cache", "headline_metric")
 
 
 @dataclass
@@ -193,8 +193,11 @@ def _result(pair: Pair, error: Optional[str]) -> PairResult:
         return PairResult(pair.algorithm, pair.seed, error=error)
     summary = json.loads((pair.run_dir / "summary.json").read_text())
     with open(pair.run_dir / "metrics.csv") as f:
-        rounds = [float(r["personalized_acc_mean"]) for r in csv.DictReader(f)]
-    return PairResult(pair.algorithm, pair.seed, rounds, summary["scored_model"], summary["communication"])
+        rows = list(csv.DictReader(f))
+    rounds = [float(r["personalized_acc_mean"]) for r in rows]
+    top5 = [float(r["personalized_top5_mean"]) for r in rows if r.get("personalized_top5_mean")]
+    return PairResult(pair.algorithm, pair.seed, rounds, summary["scored_model"], summary["communication"],
+                      rounds_top5=top5 if len(top5) == len(rounds) else [])
 
 
 def run_compare(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser,
@@ -273,7 +276,7 @@ def _run_pairs(cfg: Namespace, pairs: list[Pair], out: Path, algorithms: list[st
         if r.error:
             console.print(f"[red]{r.algorithm} seed {r.seed} failed[/red]: {r.error}")
     title = f"{Path(str((cfg.get('config') or ['compare'])[-1])).stem}: {', '.join(dict.fromkeys(algorithms))}"
-    write_report(results, out, title)
+    write_report(results, out, title, cfg.headline_metric)
     console.print((out / "comparison.md").read_text(), markup=False, highlight=False, soft_wrap=True)
     console.print(f"report: {out / 'comparison.md'}, {out / 'communication.md'}, {out / 'accuracy_vs_round.png'}")
     return CompareResult(results, out)

@@ -1,11 +1,17 @@
-"""The comparison report: accuracy over seeds, the † marks, the accuracy-per-round figure, communication.
+"""The comparison report: accuracy over seeds, the † and ‡ marks, the accuracy-per-round figure, communication.
 
 Conventions (COSMOS paper, Table 2): a number is the final-round (or best-round) mean personalized accuracy over
 clients, averaged over seeds; its ± is the SEM of the per-seed means. A † marks a baseline whose SEM interval
 [mean - SEM, mean + SEM] does not overlap COSMOS's; on the COSMOS row it means no baseline overlaps. Because every
 algorithm of a seed shares that seed's partition and round-0 models, the report also gives the paired difference
-(COSMOS minus the baseline, final round, per seed), mean ± SEM over the seeds both finished: the seed-to-seed spread
-of the partition itself cancels in it.
+(COSMOS minus the baseline, final round, per seed): its mean ± SEM over the seeds both finished, and its 95%
+confidence interval, mean ± t(0.975, n - 1) * SEM (Student t over the n per-seed differences); a ‡ marks a baseline
+whose interval lies above 0 (on the COSMOS row: every baseline's does). The seed-to-seed spread of the partition
+itself cancels in the paired difference, so ‡ can hold where † does not.
+
+With fewer than 2 seeds there is no SEM and no interval ("n/a") and no mark: one seed says nothing about the
+spread. The headline metric (``headline_metric``: top-1, or top-5 as the paper reports Tiny ImageNet) decides every
+number and mark; the other metric's final round stands beside it where the runs recorded it.
 """
 
 from __future__ import annotations
@@ -18,10 +24,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from cosmos_pl.federated.run_directory import atomic_write_text
-from cosmos_pl.report import mean_sem, round_figure, save_round_figure
+from cosmos_pl.report import METRIC_LABEL, mean_sem, round_figure, save_round_figure
 
-__all__ = ["PairResult", "AlgorithmRow", "summarize", "overlaps", "write_report", "comparison_markdown",
-           "communication_markdown"]
+__all__ = ["PairResult", "AlgorithmRow", "summarize", "overlaps", "paired_interval", "write_report",
+           "comparison_markdown", "communication_markdown"]
+
+_OTHER = {"top1": "top5", "top5": "top1"}
+
 
 @dataclass
 class PairResult:
@@ -29,10 +38,11 @@ class PairResult:
 
     Attributes:
         algorithm, seed: the pair.
-        rounds: per-round mean personalized accuracy over clients, index = round (0 = local-only).
+        rounds: per-round mean personalized top-1 accuracy over clients, index = round (0 = local-only).
         scored_model: which model the numbers come from ("cluster teacher h_pi(i)" or "client model f_i").
         communication: the run's summary["communication"].
         error: why the pair failed (None when it finished).
+        rounds_top5: the same for top-5 accuracy (empty when the run did not record it: fewer than 20 classes).
     """
 
     algorithm: str
@@ -41,11 +51,17 @@ class PairResult:
     scored_model: str = ""
     communication: dict[str, Any] = field(default_factory=dict)
     error: Optional[str] = None
+    rounds_top5: list[float] = field(default_factory=list)
+
+    def series(self, metric: str) -> list[float]:
+        """Per-round mean personalized accuracy in ``metric`` (``top1`` or ``top5``)."""
+        return self.rounds if metric == "top1" else self.rounds_top5
 
 
 @dataclass
 class AlgorithmRow:
-    """One algorithm over its seeds: final and best round, mean ± SEM of the per-seed means."""
+    """One algorithm over its seeds: final and best round, mean ± SEM (and n) of the per-seed means, in the headline
+    metric; ``other_final``: the final round in the other metric (None where not recorded)."""
 
     algorithm: str
     scored_model: str
@@ -55,7 +71,9 @@ class AlgorithmRow:
     local_only: dict[str, float]
     failed: list[str]
     dagger: bool = False
-    paired: Optional[dict[str, float]] = None  # reference minus this row, final round, paired by seed
+    paired: Optional[dict[str, float]] = None  # reference minus this row, final round, paired by seed (with its CI)
+    paired_above_zero: bool = False  # the paired 95% interval lies above 0 (‡)
+    other_final: Optional[dict[str, float]] = None
 
 
 def overlaps(a: dict[str, float], b: dict[str, float]) -> bool:
@@ -63,11 +81,29 @@ def overlaps(a: dict[str, float], b: dict[str, float]) -> bool:
     return a["mean"] - a["sem"] <= b["mean"] + b["sem"] and b["mean"] - b["sem"] <= a["mean"] + a["sem"]
 
 
-def summarize(pairs: list[PairResult], reference: str = "cosmos") -> list[AlgorithmRow]:
-    """Group pairs by algorithm (in first-seen order) and mark † against ``reference``.
+def paired_interval(differences: list[float], level: float = 0.95) -> dict[str, float]:
+    """Mean, SEM, n and the ``level`` confidence interval (``low``, ``high``) of per-seed differences: mean ±
+    t((1 + level) / 2, n - 1) * SEM, Student t with n - 1 degrees of freedom; the interval is NaN for n < 2."""
+    from scipy.stats import t
+
+    stats = mean_sem(differences)
+    if stats["n"] < 2:
+        return {**stats, "low": math.nan, "high": math.nan}
+    half = float(t.ppf((1 + level) / 2, stats["n"] - 1)) * stats["sem"]
+    return {**stats, "low": stats["mean"] - half, "high": stats["mean"] + half}
+
+
+def _spread(stats: dict[str, float]) -> bool:
+    """Whether ``stats`` rest on at least 2 seeds (an SEM that says something)."""
+    return stats.get("n", 0) >= 2
+
+
+def summarize(pairs: list[PairResult], reference: str = "cosmos", metric: str = "top1") -> list[AlgorithmRow]:
+    """Group pairs by algorithm (in first-seen order) and mark † and ‡ against ``reference``, in ``metric``.
 
     Per seed, final = the last round's mean personalized accuracy, best = the highest over rounds >= 1; over seeds,
-    mean and SEM (sample std / sqrt(S); 0 for one seed). Failed pairs are listed, not averaged.
+    mean, SEM (sample std / sqrt(S)) and n. Rows with fewer than 2 seeds get no mark, nor does the reference
+    when it has fewer. Failed pairs are listed, not averaged.
     """
     order: list[str] = []
     for p in pairs:
@@ -75,46 +111,69 @@ def summarize(pairs: list[PairResult], reference: str = "cosmos") -> list[Algori
             order.append(p.algorithm)
     rows = []
     for name in order:
-        done = [p for p in pairs if p.algorithm == name and p.error is None and len(p.rounds) > 1]
+        done = [p for p in pairs if p.algorithm == name and p.error is None and len(p.series(metric)) > 1]
         failed = [f"seed {p.seed}: {p.error}" for p in pairs if p.algorithm == name and p.error is not None]
-        nan = {"mean": math.nan, "sem": math.nan}
+        nan = {"mean": math.nan, "sem": math.nan, "n": 0}
+        other = [p.series(_OTHER[metric]) for p in done]
         rows.append(AlgorithmRow(
             algorithm=name, scored_model=done[0].scored_model if done else "", seeds=[p.seed for p in done],
-            final=mean_sem([p.rounds[-1] for p in done]) if done else nan,
-            best=mean_sem([max(p.rounds[1:]) for p in done]) if done else nan,
-            local_only=mean_sem([p.rounds[0] for p in done]) if done else nan,
-            failed=failed))
+            final=mean_sem([p.series(metric)[-1] for p in done]) if done else nan,
+            best=mean_sem([max(p.series(metric)[1:]) for p in done]) if done else nan,
+            local_only=mean_sem([p.series(metric)[0] for p in done]) if done else nan,
+            failed=failed,
+            other_final=mean_sem([o[-1] for o in other]) if done and all(len(o) > 1 for o in other) else None))
     ref = next((r for r in rows if r.algorithm == reference and r.seeds), None)
     if ref is not None:
         others = [r for r in rows if r is not ref and r.seeds]
-        final_of = {(p.algorithm, p.seed): p.rounds[-1] for p in pairs if p.error is None and len(p.rounds) > 1}
+        final_of = {(p.algorithm, p.seed): p.series(metric)[-1] for p in pairs
+                    if p.error is None and len(p.series(metric)) > 1}
         for r in others:
-            r.dagger = not overlaps(ref.final, r.final)
+            r.dagger = _spread(ref.final) and _spread(r.final) and not overlaps(ref.final, r.final)
             common = [s for s in r.seeds if s in ref.seeds]
             if common:
-                r.paired = mean_sem([final_of[(reference, s)] - final_of[(r.algorithm, s)] for s in common])
+                r.paired = paired_interval([final_of[(reference, s)] - final_of[(r.algorithm, s)] for s in common])
+                r.paired_above_zero = _spread(r.paired) and r.paired["low"] > 0
         ref.dagger = bool(others) and all(r.dagger for r in others)
+        ref.paired_above_zero = bool(others) and all(r.paired_above_zero for r in others)
     return rows
 
 
-def _pm(stats: dict[str, float]) -> str:
-    return "-" if math.isnan(stats["mean"]) else f"{stats['mean']:.4f} ± {stats['sem']:.4f}"
+def _pm(stats: Optional[dict[str, float]]) -> str:
+    if stats is None or math.isnan(stats["mean"]):
+        return "-"
+    return f"{stats['mean']:.4f} ± {stats['sem']:.4f}" if _spread(stats) else f"{stats['mean']:.4f} ± n/a"
 
 
-def comparison_markdown(rows: list[AlgorithmRow], title: str) -> str:
+def _interval(stats: Optional[dict[str, float]]) -> str:
+    if stats is None:
+        return "-"
+    return "n/a" if math.isnan(stats["high"]) else f"[{stats['low']:+.4f}, {stats['high']:+.4f}]"
+
+
+def comparison_markdown(rows: list[AlgorithmRow], title: str, metric: str = "top1") -> str:
+    label, other = METRIC_LABEL[metric], METRIC_LABEL[_OTHER[metric]]
+    few = [r.algorithm for r in rows if r.seeds and not _spread(r.final)]
     lines = [f"# {title}", "",
-             "Final-round and best-round mean personalized accuracy over clients; mean ± SEM of the per-seed means. "
-             "† (baseline rows): the SEM interval does not overlap COSMOS's; † on COSMOS: it overlaps no baseline. "
-             "Best round is reported beside final and never used to select anything. "
-             "COSMOS - this: the final-round difference paired by seed (same partition and round 0), "
-             "mean ± SEM over seeds.", "",
-             "| algorithm | scored model | seeds | final round | best round | local-only (round 0) | COSMOS - this |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             f"Headline metric: {label} accuracy. Final-round and best-round mean personalized accuracy over clients; "
+             "mean ± SEM of the per-seed means. "
+             "† (baseline rows): the SEM interval does not overlap COSMOS's; † on COSMOS: it overlaps no baseline "
+             "(the paper's mark, unpaired). "
+             "COSMOS - this: the final-round difference paired by seed (same partition and round 0), mean ± SEM over "
+             "seeds, and its 95% confidence interval (Student t, n - 1 degrees of freedom); ‡ (baseline rows): that "
+             "interval lies above 0; ‡ on COSMOS: every baseline's does. "
+             "Best round is reported beside final and never used to select anything.", ""]
+    if few:
+        lines += [f"With fewer than 2 seeds ({', '.join(few)}) there is no SEM and no interval (n/a) and no mark: one "
+                  "seed says nothing about the seed-to-seed spread.", ""]
+    lines += [f"| algorithm | scored model | seeds | final round ({label}) | best round | local-only (round 0) | "
+              f"COSMOS - this | 95% interval | final round ({other}) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        name = r.algorithm + (" †" if r.dagger else "")
+        marks = ("†" if r.dagger else "") + ("‡" if r.paired_above_zero else "")
+        name = r.algorithm + (f" {marks}" if marks else "")
         seeds = ",".join(map(str, r.seeds)) or "-"
-        lines.append(f"| {name} | {r.scored_model or '-'} | {seeds} | {_pm(r.final)} | {_pm(r.best)} | {_pm(r.local_only)} | "
-                     f"{_pm(r.paired) if r.paired else '-'} |")
+        lines.append(f"| {name} | {r.scored_model or '-'} | {seeds} | {_pm(r.final)} | {_pm(r.best)} | "
+                     f"{_pm(r.local_only)} | {_pm(r.paired)} | {_interval(r.paired)} | {_pm(r.other_final)} |")
     failures = [(r.algorithm, f) for r in rows for f in r.failed]
     if failures:
         lines += ["", "Failed pairs (not averaged):", ""]
@@ -122,18 +181,24 @@ def comparison_markdown(rows: list[AlgorithmRow], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _csv(rows: list[AlgorithmRow]) -> str:
+def _csv(rows: list[AlgorithmRow], metric: str = "top1") -> str:
+    def num(stats: Optional[dict[str, float]], key: str) -> str:
+        if stats is None or math.isnan(stats.get(key, math.nan)) or (key != "mean" and not _spread(stats)):
+            return ""  # n/a: no SEM or interval from fewer than 2 seeds
+        return f"{stats[key]:.6f}"
+
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["algorithm", "scored_model", "seeds", "final_mean", "final_sem", "best_mean", "best_sem",
-                "local_only_mean", "local_only_sem", "dagger", "failed_pairs", "paired_diff_mean", "paired_diff_sem"])
+    w.writerow(["algorithm", "scored_model", "headline_metric", "seeds", "final_mean", "final_sem", "best_mean",
+                "best_sem", "local_only_mean", "local_only_sem", "dagger", "failed_pairs", "paired_diff_mean",
+                "paired_diff_sem", "paired_diff_ci95_low", "paired_diff_ci95_high", "paired_above_zero",
+                f"final_{_OTHER[metric]}_mean", f"final_{_OTHER[metric]}_sem"])
     for r in rows:
-        w.writerow([r.algorithm, r.scored_model, " ".join(map(str, r.seeds)),
-                    *(f"{v:.6f}" if not math.isnan(v) else "" for v in
-                      (r.final["mean"], r.final["sem"], r.best["mean"], r.best["sem"], r.local_only["mean"],
-                       r.local_only["sem"])),
-                    int(r.dagger), len(r.failed),
-                    *((f"{r.paired['mean']:.6f}", f"{r.paired['sem']:.6f}") if r.paired else ("", ""))])
+        w.writerow([r.algorithm, r.scored_model, metric, " ".join(map(str, r.seeds)),
+                    num(r.final, "mean"), num(r.final, "sem"), num(r.best, "mean"), num(r.best, "sem"),
+                    num(r.local_only, "mean"), num(r.local_only, "sem"), int(r.dagger), len(r.failed),
+                    num(r.paired, "mean"), num(r.paired, "sem"), num(r.paired, "low"), num(r.paired, "high"),
+                    int(r.paired_above_zero), num(r.other_final, "mean"), num(r.other_final, "sem")])
     return buf.getvalue()
 
 
@@ -160,14 +225,14 @@ def communication_markdown(pairs: list[PairResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_rounds(pairs: list[PairResult], path: Path, title: str) -> None:
-    """accuracy_vs_round.png: per algorithm, mean over seeds of the mean personalized accuracy per round, with a
-    SEM band over seeds."""
+def plot_rounds(pairs: list[PairResult], path: Path, title: str, metric: str = "top1") -> None:
+    """accuracy_vs_round.png: per algorithm, mean over seeds of the mean personalized accuracy (``metric``) per
+    round, with a SEM band over seeds (none for one seed)."""
     import numpy as np
 
     fig, ax = round_figure()
     for name in dict.fromkeys(p.algorithm for p in pairs):
-        done = [p.rounds for p in pairs if p.algorithm == name and p.error is None and p.rounds]
+        done = [p.series(metric) for p in pairs if p.algorithm == name and p.error is None and p.series(metric)]
         if not done:
             continue
         length = min(len(r) for r in done)
@@ -176,15 +241,17 @@ def plot_rounds(pairs: list[PairResult], path: Path, title: str) -> None:
         sem = np.array([s["sem"] for s in stats])
         x = np.arange(length)
         ax.plot(x, mean, marker="o", label=name)
-        ax.fill_between(x, mean - sem, mean + sem, alpha=0.2)
-    save_round_figure(fig, ax, path, title)
+        if len(done) > 1:
+            ax.fill_between(x, mean - sem, mean + sem, alpha=0.2)
+    save_round_figure(fig, ax, path, title, metric=metric)
 
 
-def write_report(pairs: list[PairResult], out: Path, title: str) -> list[AlgorithmRow]:
-    """Write comparison.md, comparison.csv, communication.md and accuracy_vs_round.png into ``out``."""
-    rows = summarize(pairs)
-    atomic_write_text(out / "comparison.md", comparison_markdown(rows, title))
-    atomic_write_text(out / "comparison.csv", _csv(rows))
+def write_report(pairs: list[PairResult], out: Path, title: str, metric: str = "top1") -> list[AlgorithmRow]:
+    """Write comparison.md, comparison.csv, communication.md and accuracy_vs_round.png into ``out``, every number
+    in the headline ``metric`` (``top1`` or ``top5``)."""
+    rows = summarize(pairs, metric=metric)
+    atomic_write_text(out / "comparison.md", comparison_markdown(rows, title, metric))
+    atomic_write_text(out / "comparison.csv", _csv(rows, metric))
     atomic_write_text(out / "communication.md", communication_markdown(pairs))
-    plot_rounds(pairs, out / "accuracy_vs_round.png", title)
+    plot_rounds(pairs, out / "accuracy_vs_round.png", title, metric)
     return rows
