@@ -9,20 +9,13 @@ import yaml
 from sklearn.metrics import adjusted_rand_score
 
 from cosmos_pl.cli import main
+from conftest import small_digits_argv
 
 
 @pytest.fixture(scope="module")
-def smoke_runs(repo_root, tmp_path_factory):
-    """The same config and seed twice (pitfall 9: same numbers on CPU)."""
-    out = []
-    for name in ("a", "b"):
-        run_dir = tmp_path_factory.mktemp(name) / "run"
-        # the console script's entry point: exit status 0 on success (sys.exit(main()))
-        status = main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(run_dir),
-                       "--wandb.mode", "disabled"])
-        assert status == 0
-        out.append((run_dir, json.loads((run_dir / "summary.json").read_text())))
-    return out
+def smoke_runs(smoke_run):
+    """configs/digits_smoke.yaml as it is, trained once per pytest run (conftest's smoke_run)."""
+    return [(smoke_run, json.loads((smoke_run / "summary.json").read_text()))]
 
 
 def test_run_directory_files(smoke_runs):
@@ -84,10 +77,13 @@ def test_summary_agrees_with_metrics_and_clients(smoke_runs):
     assert rows[0]["personalized_acc_mean"] == rows[0]["client_acc_mean"]
 
 
-def test_same_config_and_seed_give_identical_metrics(smoke_runs):
-    (a, _), (b, _) = smoke_runs
-    assert (a / "metrics.csv").read_text() == (b / "metrics.csv").read_text()
-    assert (a / "clients.csv").read_text() == (b / "clients.csv").read_text()
+def test_same_config_and_seed_give_identical_metrics(repo_root, tmp_path, small_digits_run):
+    # pitfall 9: the same numbers on CPU, here in this process against the run that another process (or worker)
+    # made for the whole pytest run
+    again = tmp_path / "again"
+    assert main(small_digits_argv(repo_root, again)) == 0
+    assert (again / "metrics.csv").read_text() == (small_digits_run / "metrics.csv").read_text()
+    assert (again / "clients.csv").read_text() == (small_digits_run / "clients.csv").read_text()
 
 
 def test_print_config_works_offline_for_every_config(repo_root, capsys):
