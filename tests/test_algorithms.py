@@ -10,14 +10,13 @@ from cosmos_pl.algorithms.comet import kmeans_clusters
 from cosmos_pl.algorithms.fedavg import weighted_average
 from cosmos_pl.algorithms.fedct import majority_vote
 from cosmos_pl.algorithms.fedmd import consensus_mean
-from cosmos_pl.aggregation import aggregate
 
 
 @pytest.fixture(autouse=True)
 def teachers_learn_their_target_exactly(monkeypatch):
     """COSMOS's real teacher stage runs (aggregation, temperature, fit, prediction); only the Lightning fit is
     replaced by a 'perfect' one: the teacher then predicts exactly the target it was trained on."""
-    from cosmos_pl.federated import stages
+    from cosmos_pl.training import stages
 
     def fit_distillation(model, x, target, **kwargs):
         model.learned = target.clone()

@@ -1,8 +1,8 @@
 """The Flower ``ServerApp``: ``cosmos-pl fit`` with its clients on Flower nodes.
 
 Its main parses the same YAML configs as ``cosmos-pl fit`` and calls the same :func:`cosmos_pl.cli.run_fit`
-(run directory, config.yaml, metrics.csv, summary.json, W&B) with :class:`~cosmos_pl.flower.server.FlowerRunner`
-as the runner. Its settings come from Flower's run config (``[tool.flwr.app.config]`` in pyproject.toml, or
+(run directory, config.yaml, metrics.csv, summary.json, W&B) with :class:`~cosmos_pl.flower.server.FlowerClients`
+as the clients. Its settings come from Flower's run config (``[tool.flwr.app.config]`` in pyproject.toml, or
 ``flwr run . --run-config "config='configs/digits_flower.yaml' run-dir='runs/x'"``):
 
 - ``config``: the YAML config (a path relative to the working directory or to the project);
@@ -11,7 +11,11 @@ as the runner. Its settings come from Flower's run config (``[tool.flwr.app.conf
 - ``reply-timeout``: seconds a step waits for the nodes' replies (0: ``failures.timeout_s``, else 600);
 - ``join-timeout``: seconds to wait before round 0 for one node per client (it stops earlier, with the reason, once
   at least one node per client is connected and each has answered, some refusing);
-- ``node-state-dir``: where nodes keep their committed models when their node config gives no ``state-dir``.
+- ``node-state-dir``: where nodes keep their committed models when their node config gives no ``state-dir``;
+- ``public``: a deployment whose sites hold their own data (node config ``data=<folder>``): the public set U and
+  the class list (``public.npz``, as ``cosmos-pl export-partition`` writes it). The server then loads no data set:
+  it holds U, the class list and what each node reports of its client, never a client's data; each node is sent U
+  once (its own disk keeps it by fingerprint). Empty: every node takes its partition of the configured data set.
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ def main(grid: Grid, run_config: dict[str, Any]) -> None:
 
         from cosmos_pl.class_groups import parse_args
         from cosmos_pl.cli import build_fit_parser, run_fit
-        from cosmos_pl.flower.server import FlowerRunner
+        from cosmos_pl.flower.server import FlowerClients
 
         parser = build_fit_parser()
         try:
@@ -83,10 +87,16 @@ def main(grid: Grid, run_config: dict[str, Any]) -> None:
         except ArgumentError as err:  # an unknown key or a wrong type, as cosmos-pl fit reports it
             raise ConfigError(f"{err} (run config 'config' and 'args' are cosmos-pl fit's; options: cosmos-pl fit "
                               "--help)") from None
-        transport = functools.partial(FlowerRunner, grid=grid,
+        transport = functools.partial(FlowerClients, grid=grid,
                                       reply_timeout_s=float(run_config.get("reply-timeout", 0)) or None,
                                       join_timeout_s=float(run_config.get("join-timeout", 600)))
-        run_fit(cfg, parser, transport)
+        server = None
+        if run_config.get("public"):
+            from cosmos_pl.data import load_public
+            from cosmos_pl.federated.server_data import ServerData
+
+            server = ServerData(*load_public(_config_path(str(run_config["public"]))))
+        run_fit(cfg, parser, transport, server)
     except UserError as err:
         print(f"cosmos-pl: error: {' '.join(str(err).split())}", flush=True)
         raise
