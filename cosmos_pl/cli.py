@@ -154,9 +154,12 @@ def build_parser() -> ArgumentParser:
     sub.add_subcommand("compare", build_compare_parser(), help="Compare algorithms over seeds and write a report.")
     sub.add_subcommand("export-partition", build_export_parser(),
                        help="Write each simulated client's data (and U) as one folder per site, for a deployment.")
-    # listed for --help only: main() hands its arguments to cosmos_pl.flower.run before any parsing
+    # listed for --help only: main() hands their arguments to cosmos_pl.flower.run / .keys before any parsing
     sub.add_subcommand("flower-run", ArgumentParser(description=_FLOWER_RUN),
                        help="flwr run that waits for the run and exits 2 unless it completed (flwr run's arguments).")
+    sub.add_subcommand("flower-keys", ArgumentParser(description="Make a deployment's TLS certificates and "
+                                                                 "SuperNode keys (--out DIR --host A --nodes N)."),
+                       help="The certificates and SuperNode keys of a TLS deployment with node authentication.")
     return parser
 
 
@@ -456,6 +459,10 @@ def main(argv: list[str] | None = None) -> int:
         from cosmos_pl.flower.run import main as flower_run
 
         return flower_run(args[1:], prog="cosmos-pl flower-run")
+    if args and args[0] == "flower-keys":
+        from cosmos_pl.flower.keys import main as flower_keys
+
+        return flower_keys(args[1:])
     command = f" {args[0]}" if args and args[0] in ("fit", "compare", "export-partition") else ""
     # a scheduler's time limit or Ctrl-C: unwind, keep the last complete round, say how to resume, exit 143/130;
     # cosmos_pl.signals records the stop too, so one whose exception was lost still ends here

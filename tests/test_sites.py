@@ -143,3 +143,96 @@ def test_a_site_whose_data_cannot_be_used_fails_every_round_naming_the_file_or_c
                "(1, 8, 8)" in failures[(r, 5)]
     rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
     assert [r["failed_clients"] for r in rows] == ["3", "3"] and summary["final"]["round"] == 1
+
+
+def _tensors(root, seen=None, depth=0):
+    """Every tensor reachable from ``root`` through attributes, dicts, lists, tuples and sets (the server's state)."""
+    seen = set() if seen is None else seen
+    if id(root) in seen or depth > 12:
+        return []
+    seen.add(id(root))
+    if isinstance(root, torch.Tensor):
+        return [root]
+    if isinstance(root, torch.nn.Module):
+        return [t for t in root.state_dict().values()] + _tensors(vars(root), seen, depth + 1)
+    if isinstance(root, dict):
+        items = list(root.values())
+    elif isinstance(root, (list, tuple, set, frozenset)):
+        items = list(root)
+    elif hasattr(root, "__dict__") and not isinstance(root, type) and type(root).__module__.startswith("cosmos_pl"):
+        items = list(vars(root).values())
+    else:
+        return []
+    return [t for item in items for t in _tensors(item, seen, depth + 1)]
+
+
+def test_the_server_side_holds_no_client_tensor_after_a_round(exported, tmp_path):
+    """A deployment's round loop, after round 1: among every tensor it holds (U, the teachers, targets), none is a
+    client's data nor a client's model weights."""
+    from rich.console import Console
+
+    from cosmos_pl.federated.recorder import Recorder
+    from cosmos_pl.federated.runner import Runner
+
+    parser = build_fit_parser()
+    init = parser.instantiate(parser.parse_args(["--config", str(CONFIG), *FLAGS, "--clients.pretrain_epochs", "1",
+                                                 "--algorithm.init_args.ptc_epochs", "1"]))
+    contexts = {100 + i: _site(100 + i, exported / f"client_{i}", tmp_path / f"node_{i}", i) for i in range(3)}
+    transport = functools.partial(_LocalFlowerClients, grid=_Nodes(contexts), config_yaml=parser.dump(
+        parser.parse_args(["--config", str(CONFIG), *FLAGS, "--clients.pretrain_epochs", "1",
+                           "--algorithm.init_args.ptc_epochs", "1"]), skip_unset=False), num_clients=3)
+    runner = Runner(ServerData(*load_public(exported / "public.npz")), init.algorithm, init.clients, rounds=1,
+                    seed=init.seed, trainer=init.trainer, executor=init.executor, console=Console(quiet=True),
+                    recorder=Recorder(), transport=transport)
+    runner.pretrain()
+    runner.evaluate(0, "local-only")
+    runner.evaluate(1, "PTC", runner.train_round(1))
+    held = _tensors(runner)
+    assert any(t.shape == runner.public.shape for t in held)  # U is the server's
+    private = []
+    for i in range(3):
+        with np.load(exported / f"client_{i}" / "data.npz") as z:
+            private += [torch.from_numpy(z[k]) for k in ("x_train", "x_test")]
+        saved = torch.load(next((tmp_path / f"node_{i}").glob("*/client_*.pt")), weights_only=True)["model"]
+        private += [t for t in saved.values() if t.is_floating_point() and t.numel() > 16]
+    for t in held:
+        for p in private:
+            assert not (t.shape == p.shape and t.dtype == p.dtype and torch.equal(t, p)), (t.shape, t.dtype)
+
+
+def test_an_upload_declaring_another_shape_is_refused_before_it_is_decoded():
+    import numpy as np_
+
+    from flwr.app import Array, ArrayRecord
+
+    from cosmos_pl.flower import wire
+
+    honest = ArrayRecord({"values": Array(np_.zeros((269, 10), np_.float32))})
+    wire.check_declared(honest, {"values": ((269, 10), "float32")})
+    big = Array(dtype="float32", shape=(10**6, 10**4), stype="numpy.ndarray", data=b"\x93NUMPY")  # 40 GB declared
+    with pytest.raises(ValueError, match=r"array values declared float32 \[1000000, 10000\], expected float32 "
+                                         r"\[269, 10\]"):
+        wire.check_declared(ArrayRecord({"values": big}), {"values": ((269, 10), "float32")})
+    padded = Array(dtype="float32", shape=(269, 10), stype="numpy.ndarray", data=b"x" * (269 * 10 * 4 + 10**6))
+    with pytest.raises(ValueError, match="holds 1010760 bytes, more than float32 \\[269, 10\\] needs"):
+        wire.check_declared(ArrayRecord({"values": padded}), {"values": ((269, 10), "float32")})
+    with pytest.raises(ValueError, match=r"arrays \['indices', 'values'\], expected \['values'\]"):
+        wire.check_declared(ArrayRecord({"values": Array(np_.zeros((269, 10), np_.float32)),
+                                         "indices": Array(np_.zeros(1, np_.uint8))}), {"values": ((269, 10), "float32")})
+
+
+def test_no_module_below_the_round_loop_imports_it():
+    """Layering: algorithms/ and training/ (and data/, models/, modules/, clustering/) never import federated/,
+    cosmos_pl.cli or cosmos_pl.flower; checked on every import statement of their files."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "cosmos_pl"
+    upward = ("cosmos_pl.federated", "cosmos_pl.cli", "cosmos_pl.flower", "cosmos_pl.compare")
+    found = []
+    for package in ("algorithms", "training", "data", "models", "modules", "clustering"):
+        for path in (root / package).glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                found += [f"{path.relative_to(root)}: {n}" for n in names if n.startswith(upward)]
+    assert found == []

@@ -33,11 +33,10 @@ __all__ = ["export_federation", "load_site", "load_public", "SiteFolders"]
 
 
 def _save_npz(path: Path, **arrays: Any) -> None:
-    """``numpy.savez`` to ``path`` atomically (temporary file, then rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    tmp.replace(path)
+    """``numpy.savez`` to ``path`` atomically (temporary file, fsync, rename)."""
+    from cosmos_pl.files import atomic_write
+
+    atomic_write(path, lambda f: np.savez(f, **arrays))
 
 
 def export_federation(federation: Federation, out: Path) -> list[Path]:

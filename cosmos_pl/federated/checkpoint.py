@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from cosmos_pl.errors import ConfigError, UserError, check
-from cosmos_pl.federated.run_directory import atomic_save
+from cosmos_pl.files import atomic_save
 
 __all__ = ["CheckpointConfig", "FORMAT", "config_hash", "checkpoint_dir", "save", "load_latest", "plain",
            "capture_rng", "restore_rng", "NoCheckpoint", "runner_state", "restore_runner"]

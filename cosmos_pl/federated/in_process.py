@@ -27,7 +27,7 @@ from cosmos_pl.errors import DivergenceError
 from cosmos_pl.federated import faults
 from cosmos_pl.federated.clients import ClientInfo, Clients, Scores, SimulationFacts
 from cosmos_pl.federated.executor import TaskFailure
-from cosmos_pl.federated.run_directory import atomic_save
+from cosmos_pl.files import atomic_save
 from cosmos_pl.models import count_parameters
 from cosmos_pl.training.client import Client
 from cosmos_pl.training.steps import ClientRuntime, ClientStep, LocalFit, Task, encode_upload

@@ -5,7 +5,8 @@ failure for that round with the reason and goes on with the others (``failures.o
 
 Node config (``flower-supernode --node-config``): ``partition-id`` (which client of the federation this node is,
 0..N-1; required), ``data`` (the site's own data: a folder ``cosmos-pl export-partition`` wrote, or an ImageFolder
-tree; without it the node takes its partition of the data set the run config names), ``state-dir`` (where the committed model is kept; default ``~/.cache/cosmos-pl/flower``),
+tree; without it the node takes its partition of the data set the run config names), ``state-dir`` (where the
+committed model, U, the data cache and the node's identity are kept; default ``~/.cache/cosmos-pl/flower``),
 ``threads`` (torch CPU threads; default ``executor.threads_per_worker`` of the run, else every core). Any other key
 (a misspelt ``partiton-id``) makes the node refuse to join, naming the key and the close match; the server records
 the refusal as that node's join failure (``nodes.json``).

@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -29,7 +30,7 @@ from cosmos_pl.communication import CommunicationConfig
 from cosmos_pl.data import ClientData
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.executor import available_cpus
-from cosmos_pl.federated.run_directory import atomic_save
+from cosmos_pl.files import atomic_save
 from cosmos_pl.training.client import Client
 from cosmos_pl.training.config import stage_seed
 from cosmos_pl.training.steps import ClientRuntime, encode_upload, steps_from_wire
@@ -230,6 +231,17 @@ def _state_file(context: Context, run_token: str, client_id: int) -> Path:
     return _state_dir(context) / run_token / f"client_{client_id}.pt"
 
 
+def _identity(context: Context) -> str:
+    """This node's identity: a random token kept in ``state-dir/node-identity`` (made once; the same after a
+    restart from the same disk). The server lets a client id be held only by the identity that first held it."""
+    path = _state_dir(context) / "node-identity"
+    if not path.is_file():
+        from cosmos_pl.files import atomic_write_text
+
+        atomic_write_text(path, secrets.token_hex(16) + "\n")
+    return path.read_text().strip()
+
+
 def _data_cache(context: Context) -> Path:
     """Where the node keeps its client's data and U per run config (:func:`load_run`)."""
     return _state_dir(context) / "data"
@@ -344,7 +356,7 @@ def hello(content: RecordDict, context: Context) -> RecordDict:
         "client_id": cid, "committed_round": int(meta["committed_round"]), "digest": str(meta["digest"]),
         "public_fingerprint": run.fingerprint, "backbone": run.backbone(cid), "train_size": len(d.y),
         "test_size": len(d.y_test), "validation_size": 0 if d.y_val is None else len(d.y_val),
-        "parameters": run.parameters, "has_public": run.public_x is not None})})
+        "parameters": run.parameters, "has_public": run.public_x is not None, "identity": _identity(context)})})
 
 
 _SITE_KEYS = ("classes", "public_shape", "public_fingerprint")  # what the server says of the run to a site
@@ -470,8 +482,10 @@ def load_weights(content: RecordDict, context: Context) -> RecordDict:
 def scores(content: RecordDict, context: Context) -> RecordDict:
     """End of round: run the carried training steps; roll back to the committed model if the server says the client
     failed the round or a step fails here; when the round is evaluated, score the model, and the models the server
-    sent (its cluster teacher), on the client's own test (and validation) split; commit it. Replies
-    ``{split.model.metric: value}``, the steps' losses, the digest and any failure here."""
+    sent (its cluster teacher), on the client's own test (and validation) split; commit it. After the final round
+    the models it was sent are kept beside its own (``state-dir/<run token>/teacher_model.pt``: the personalized
+    model the client goes on with). Replies ``{split.model.metric: value}``, the steps' losses, the digest and any
+    failure here."""
     cfg = content["config"]
     rnd = int(cfg["round"])
     meta = _meta(context)
@@ -488,10 +502,15 @@ def scores(content: RecordDict, context: Context) -> RecordDict:
         run, client = _client(context, rnd)
     out: dict[str, Any] = {}
     if bool(cfg.get("evaluate", True)):
-        models = {"client": client.model, **_sent_models(content, run)}
-        for split, (fn, kwargs) in run.steps.evaluate(client, rnd, models):
+        sent = _sent_models(content, run)
+        for split, (fn, kwargs) in run.steps.evaluate(client, rnd, {"client": client.model, **sent}):
             for name, metrics in fn(**kwargs).items():
                 out.update({f"{split}.{name}.{k}": float(v) for k, v in metrics.items()})
+        if bool(cfg.get("final", False)):  # the personalized model the client goes on with (COSMOS: its teacher)
+            for name, model in sent.items():
+                atomic_save({"backbone": str(cfg[f"eval.{name}.backbone"]), "model": model.state_dict()},
+                            _state_file(context, str(meta["run_token"]), int(meta["client_id"])).with_name(
+                                f"{name}_model.pt"))
     digest = _commit(context, rnd, client.model)
     return RecordDict({"metrics": MetricRecord(out), "losses": MetricRecord(losses),
                        "config": ConfigRecord({"digest": digest, **failure})})

@@ -95,6 +95,7 @@ class FlowerClients(Clients):
         self.joins: list[dict[str, Any]] = []
         self.join_failures: list[dict[str, Any]] = []  # the nodes that refused to join: round, node id, reason
         self.broken: dict[int, str] = {}  # clients whose site's data cannot be used: why
+        self.identity_of: dict[int, str] = {}  # client id -> the identity of the node that first held it
         self._needs_public: set[int] = set()  # sites that have not got U yet
         self._join(0, wait=True)
         self.infos = [self.described[i] for i in range(self.n)]
@@ -198,6 +199,13 @@ class FlowerClients(Clients):
             return reply.reason
         info = reply["config"]
         cid = int(info["client_id"])
+        identity = str(info.get("identity", ""))
+        if self.identity_of.get(cid, identity) != identity:
+            reason = (f"client {cid} was first held by another node (identity {self.identity_of[cid][:8]}...), and "
+                      f"node {node_id} (identity {identity[:8]}...) claims it: a client id stays with the node that "
+                      "held it (restart that node on its own state-dir, or give this one its own partition-id)")
+            self.console.print(f"round {rnd}: {reason}")
+            return reason
         if cid in self.node_of:
             reason = f"client {cid} is already held by node {self.node_of[cid]}, and node {node_id} says it holds it too"
             self.console.print(f"round {rnd}: {reason}; ignoring it (give each node its own partition-id)")
@@ -205,6 +213,7 @@ class FlowerClients(Clients):
         if not 0 <= cid < self.n:
             return f"client {cid} is not a client of this run (0..{self.n - 1})"
         self.node_of[cid] = node_id
+        self.identity_of[cid] = identity
         self.broken.pop(cid, None)
         if not bool(info.get("has_public", True)):
             self._needs_public.add(cid)
@@ -385,7 +394,8 @@ class FlowerClients(Clients):
         there) and, with ``evaluate``, scores its own f_i and the models sent with the message on its own splits."""
         requests = {}
         for c in range(self.n):
-            config: dict[str, Any] = {"failed": c in self._failed, "evaluate": evaluate}
+            config: dict[str, Any] = {"failed": c in self._failed, "evaluate": evaluate,
+                                      "final": rnd == self.runner.rounds}
             tensors: dict[str, Any] = {}
             for name, model in (models.get(c, {}) if evaluate else {}).items():
                 config[f"eval.{name}.backbone"] = str(getattr(model, "backbone_name"))

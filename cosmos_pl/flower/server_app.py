@@ -21,6 +21,7 @@ as the clients. Its settings come from Flower's run config (``[tool.flwr.app.con
 from __future__ import annotations
 
 import functools
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -65,6 +66,25 @@ def fit_argv(run_config: dict[str, Any]) -> list[str]:
     return argv + shlex.split(str(run_config.get("args", "")))
 
 
+_AUDIT = "COSMOS_PL_AUDIT_OPENS"  # test-only: a file to list every path this process opens in (nothing reads it)
+
+
+def _audit_opens() -> None:
+    """With ``$COSMOS_PL_AUDIT_OPENS`` set, append every path this process opens to that file (Python's audit
+    hooks, :func:`sys.addaudithook`): how a test shows that the server never opens a client's file."""
+    path = os.environ.get(_AUDIT)
+    if not path or getattr(_audit_opens, "installed", False):
+        return
+    _audit_opens.installed = True
+    log = open(path, "a", buffering=1)
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+            log.write(f"{os.fsdecode(args[0])}\n")
+
+    sys.addaudithook(hook)
+
+
 def main(grid: Grid, run_config: dict[str, Any]) -> None:
     """Run ``cosmos-pl fit`` over the nodes connected to ``grid``.
 
@@ -73,6 +93,7 @@ def main(grid: Grid, run_config: dict[str, Any]) -> None:
             that did not join, a round that failed (also printed as one ``cosmos-pl: error:`` line, which Flower's
             run status repeats: ``flwr ls --run-id``).
     """
+    _audit_opens()
     try:
         argv = fit_argv(run_config)  # before the imports of torch and Lightning: a missing config fails at once
         from jsonargparse import ArgumentError
