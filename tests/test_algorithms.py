@@ -10,7 +10,6 @@ from cosmos_pl.algorithms.comet import kmeans_clusters
 from cosmos_pl.algorithms.fedavg import weighted_average
 from cosmos_pl.algorithms.fedct import majority_vote
 from cosmos_pl.algorithms.fedmd import consensus_mean
-from cosmos_pl.aggregation import aggregate
 
 
 @pytest.fixture(autouse=True)
