@@ -15,6 +15,8 @@ import pytest
 
 pytest.importorskip("flwr", reason="the [flower] extra is not installed (make test installs it)")
 
+pytestmark = pytest.mark.slow  # subprocess runs, or a Flower federation
+
 ALGORITHMS = ("COSMOS", "FedMD")
 
 
