@@ -16,6 +16,7 @@ internal fault (a traceback and where to report it) or a failed compare pair; 14
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -106,7 +107,9 @@ _FLOWER_RUN = ("Submit a Flower run with flwr run's arguments ([APP] [SUPERLINK]
                "it, and exit 0 only when it completed (2 when it failed, was stopped or could not start).")
 
 
+@functools.lru_cache(maxsize=1)
 def build_parser() -> ArgumentParser:
+    """The ``cosmos-pl`` parser with its subcommands; built once per process (parsing does not change it)."""
     parser = ArgumentParser(prog="cosmos-pl", description="cosmos-pl: model-agnostic personalized federated learning.",
                             exit_on_error=False, allow_abbrev=False)
     parser.add_argument("--version", action="version", version=_version(), help="Print the version and exit.")

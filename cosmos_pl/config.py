@@ -28,7 +28,7 @@ from cosmos_pl.data import FashionMNIST, GroupDirichlet, ImageDataset, Partition
 from cosmos_pl.errors import ConfigError, check
 from cosmos_pl.federated.client import ClientConfig
 from cosmos_pl.federated.executor import ExecutorConfig, resolve_devices
-from cosmos_pl.federated.stages import TrainerConfig
+from cosmos_pl.federated.trainer_config import TrainerConfig
 from cosmos_pl.transforms import Transformations
 
 __all__ = [

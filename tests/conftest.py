@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +41,48 @@ def pytest_collection_modifyitems(config, items):
     chunk = max(2, len(items) // workers // 4) if workers > 1 else 1
     order = first[:1] + rest[:chunk - 1] + first[1:] + rest[chunk - 1:]
     items[:] = order
+
+
+# ----------------------------------------------------------------------------------- runs shared by the whole run
+# Several tests compare their run with the same uninterrupted digits run (resume, executors, determinism): it is
+# trained once per pytest run, in whichever worker asks first, into a folder every worker sees (pytest-xdist's
+# common base temp), under a file lock; the others wait for it and read the same files. With one torch thread the
+# numbers do not depend on the process or worker that made them (the tests that compare records check exactly that).
+SMALL_DIGITS = ["--rounds", "2", "--data.num_clients", "5", "--clients.pretrain_epochs", "1",
+                "--algorithm.init_args.ptc_epochs", "1", "--algorithm.init_args.teacher_epochs", "1",
+                "--wandb.mode", "disabled", "--executor.threads_per_worker", "1"]
+
+
+def small_digits_argv(repo_root: Path, run_dir: Path, *extra: str) -> list[str]:
+    """``cosmos-pl fit`` arguments of the small digits run (COSMOS, 5 clients, rounds 0..2, one epoch per stage)."""
+    return ["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(run_dir), *SMALL_DIGITS,
+            *extra]
+
+
+def _shared_run(tmp_path_factory, name: str, argv_of) -> Path:
+    from filelock import FileLock
+
+    from cosmos_pl.cli import main
+
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs"
+    shared.mkdir(exist_ok=True)
+    run_dir = shared / name
+    with FileLock(str(shared / f"{name}.lock")):
+        if not (run_dir / "summary.json").is_file():
+            assert main(argv_of(run_dir)) == 0
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def small_digits_run(repo_root, tmp_path_factory) -> Path:
+    """The small digits run, uninterrupted, trained once per pytest run (read its files; never write into it)."""
+    return _shared_run(tmp_path_factory, "small_digits", lambda d: small_digits_argv(repo_root, d))
+
+
+@pytest.fixture(scope="session")
+def smoke_run(repo_root, tmp_path_factory) -> Path:
+    """configs/digits_smoke.yaml as it is (10 clients in 5 class groups), trained once per pytest run."""
+    return _shared_run(tmp_path_factory, "digits_smoke", lambda d: [
+        "fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(d), "--wandb.mode",
+        "disabled"])

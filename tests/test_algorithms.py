@@ -10,13 +10,26 @@ from cosmos_pl.algorithms.comet import kmeans_clusters
 from cosmos_pl.algorithms.fedavg import weighted_average
 from cosmos_pl.algorithms.fedct import majority_vote
 from cosmos_pl.algorithms.fedmd import consensus_mean
-from cosmos_pl.aggregation import aggregate
+
+
+@pytest.fixture(autouse=True)
+def teachers_learn_their_target_exactly(monkeypatch):
+    """COSMOS's real teacher stage runs (aggregation, temperature, fit, prediction); only the Lightning fit is
+    replaced by a 'perfect' one: the teacher then predicts exactly the target it was trained on."""
+    from cosmos_pl.federated import stages
+
+    def fit_distillation(model, x, target, **kwargs):
+        model.learned = target.clone()
+        return [{"loss": 0.0}]
+
+    monkeypatch.setattr(stages, "fit_distillation", fit_distillation)
+    monkeypatch.setattr(stages, "predict_probs", lambda model, x, trainer, where="inference": model.learned)
 
 
 def _ctx(n_clients, n=2, m=2, backbones=None, sizes=None, **kw):
-    """A federation context without data or training: a teacher 'fit' returns its cluster's aggregate."""
+    """A federation context without data: tasks run in this process, one after another."""
     def run_tasks(rnd, stage, tasks, costs=None, trains=False):
-        return [(kwargs["model"], (aggregate(kwargs["cluster_labels"], kwargs["aggregation"]), [])) for _, kwargs in tasks]
+        return [(kwargs.get("model"), fn(**kwargs)) for fn, kwargs in tasks]
 
     return FederationContext(
         num_clients=n_clients, num_classes=m, public=torch.zeros(n, 1, 4, 4, dtype=torch.uint8),
@@ -109,7 +122,7 @@ def test_cosmos_clusters_uploaders_then_places_a_late_client_at_the_nearest_clus
     assert algo.clusters == [[0, 1], [4, 5], [2]]
     assert 3 not in result.targets and 6 not in result.targets
     teacher_of_2 = algo.assignment[2]
-    torch.testing.assert_close(result.targets[2], uploads[2])  # the teacher 'fit' of this fake context = aggregate
+    torch.testing.assert_close(result.targets[2], uploads[2])  # a perfect teacher of a one-client cluster
     result = algo.server_step(2, {**first, 3: uploads[3]})
     assert algo.assignment[3] == teacher_of_2  # nearest latest aggregate: client 2's cluster
     torch.testing.assert_close(result.targets[3], (uploads[2] + uploads[3]) / 2)
@@ -180,3 +193,26 @@ def _ctx_logging(n_clients, lines):
     ctx = _ctx(n_clients, n=1)
     ctx.log = lines.append
     return ctx
+
+
+def test_cosmos_teachers_learn_the_tempered_aggregate_of_their_cluster():
+    # two clients in one cluster, 2 public samples, M = 2: mean [[0.7, 0.3], [0.2, 0.8]]
+    uploads = {0: torch.tensor([[0.6, 0.4], [0.3, 0.7]]), 1: torch.tensor([[0.8, 0.2], [0.1, 0.9]])}
+    hard = COSMOS(b0="inf", temperature=0.0)  # T = 0: one-hot at the argmax
+    hard.setup(_ctx(2, n=2, m=2))
+    torch.testing.assert_close(hard.server_step(1, uploads).targets[0], torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    # T = 2 tempers each distillation target, p^(1/T) renormalized: the teacher's (the cluster mean) and the
+    # clients' (the teacher's pseudo-labels); a perfect teacher's clients so get the mean to the power 1/4
+    soft = COSMOS(b0="inf", temperature=2.0)
+    soft.setup(_ctx(2, n=2, m=2))
+    sent = soft.server_step(1, uploads).targets[1]
+
+    def tempered(rows, power):
+        return torch.tensor([[p ** power / sum(q ** power for q in row) for p in row] for row in rows])
+
+    torch.testing.assert_close(soft.teachers[0].learned, tempered([[0.7, 0.3], [0.2, 0.8]], 0.5))
+    torch.testing.assert_close(sent, tempered([[0.7, 0.3], [0.2, 0.8]], 0.25))
+    maximum = COSMOS(b0="inf", aggregation="max")  # max per class, renormalized: [[0.8, 0.4], [0.3, 0.9]]
+    maximum.setup(_ctx(2, n=2, m=2))
+    torch.testing.assert_close(maximum.server_step(1, uploads).targets[0],
+                               torch.tensor([[0.8 / 1.2, 0.4 / 1.2], [0.3 / 1.2, 0.9 / 1.2]]))

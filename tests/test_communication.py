@@ -67,16 +67,17 @@ def test_bad_settings():
         encode(p, "int4")
 
 
+@pytest.mark.slow
 def test_fit_counts_compressed_upload_bytes(repo_root, tmp_path):
     import csv
     import json
 
+    from conftest import small_digits_argv
     from cosmos_pl.cli import run
 
     run_dir = tmp_path / "run"
-    summary = run(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(run_dir),
-                    "--wandb.mode", "disabled", "--communication.upload_dtype", "uint8", "--communication.top_k", "3",
-                    "--rounds", "1"])
+    summary = run(small_digits_argv(repo_root, run_dir, "--communication.upload_dtype", "uint8",
+                                    "--communication.top_k", "3", "--rounds", "1"))
     n = json.loads((run_dir / "partition.json").read_text())["public_set_size"]
     assert summary["communication"]["upload_bytes_per_client_per_round"] == n * 3 * (1 + 1)  # k values + k indices
     assert summary["communication"]["download_bytes_per_client_per_round"] == n * 10 * 4  # dense float32

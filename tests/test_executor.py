@@ -4,26 +4,24 @@ import pytest
 
 from cosmos_pl.cli import run
 from cosmos_pl.federated.executor import Executor, ExecutorConfig, TaskFailure, resolve_devices
+from conftest import small_digits_argv
 
 
 def _square(model=None, v=0):
     return v * v
 
 
-def test_sequential_and_parallel_digits_runs_give_identical_metrics(repo_root, tmp_path):
-    cfg = str(repo_root / "configs/digits_smoke.yaml")
-    runs = {}
-    for kind in ("sequential", "parallel"):
-        run_dir = tmp_path / kind
-        run(["fit", "--config", cfg, "--run_dir", str(run_dir), "--wandb.mode", "disabled",
-              "--executor.kind", kind, "--executor.devices", "2", "--executor.threads_per_worker", "1",
-              # short epochs: the point is every stage of a PTC and an IFFT round, not accuracy
-              "--clients.pretrain_epochs", "2", "--algorithm.init_args.ptc_epochs", "2"])
-        runs[kind] = run_dir
+@pytest.mark.slow
+def test_sequential_and_parallel_digits_runs_give_identical_metrics(repo_root, tmp_path, small_digits_run):
+    # every stage of a PTC and an IFFT round (short epochs: the point is the stages, not accuracy), on 2 workers,
+    # against the same run made sequentially (conftest's small_digits_run)
+    parallel = tmp_path / "parallel"
+    run(small_digits_argv(repo_root, parallel, "--executor.kind", "parallel", "--executor.devices", "2"))
     for name in ("metrics.csv", "clients.csv"):
-        assert (runs["sequential"] / name).read_text() == (runs["parallel"] / name).read_text(), name
+        assert (small_digits_run / name).read_text() == (parallel / name).read_text(), name
 
 
+@pytest.mark.slow
 def test_parallel_map_returns_every_result_by_index():
     ex = Executor(ExecutorConfig(kind="parallel", devices=2, threads_per_worker=1))
     try:
@@ -57,7 +55,7 @@ def _misbehave(model=None, v=0, how="ok"):
     return v * v
 
 
-@pytest.mark.parametrize("kind", ["sequential", "parallel"])
+@pytest.mark.parametrize("kind", ["sequential", pytest.param("parallel", marks=pytest.mark.slow)])
 def test_failing_tasks_are_reported_and_the_others_finish(kind):
     """Issue 9: an exception, a hang past the timeout and (parallel) a killed worker fail their task only."""
     ex = Executor(ExecutorConfig(kind=kind, devices=2, threads_per_worker=1), "cpu")

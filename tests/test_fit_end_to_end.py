@@ -9,22 +9,16 @@ import yaml
 from sklearn.metrics import adjusted_rand_score
 
 from cosmos_pl.cli import main
+from conftest import small_digits_argv
 
 
 @pytest.fixture(scope="module")
-def smoke_runs(repo_root, tmp_path_factory):
-    """The same config and seed twice (pitfall 9: same numbers on CPU)."""
-    out = []
-    for name in ("a", "b"):
-        run_dir = tmp_path_factory.mktemp(name) / "run"
-        # the console script's entry point: exit status 0 on success (sys.exit(main()))
-        status = main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(run_dir),
-                       "--wandb.mode", "disabled"])
-        assert status == 0
-        out.append((run_dir, json.loads((run_dir / "summary.json").read_text())))
-    return out
+def smoke_runs(smoke_run):
+    """configs/digits_smoke.yaml as it is, trained once per pytest run (conftest's smoke_run)."""
+    return [(smoke_run, json.loads((smoke_run / "summary.json").read_text()))]
 
 
+@pytest.mark.slow
 def test_run_directory_files(smoke_runs):
     run_dir, summary = smoke_runs[0]
     for name in ("config.yaml", "partition.json", "clusters.json", "metrics.csv", "clients.csv", "summary.json",
@@ -53,6 +47,7 @@ def test_run_directory_files(smoke_runs):
     assert int(rows[1]["upload_bytes_per_client"]) == n_public * m * 4 and int(rows[0]["upload_bytes_per_client"]) == 0
 
 
+@pytest.mark.slow
 def test_summary_agrees_with_metrics_and_clients(smoke_runs):
     run_dir, summary = smoke_runs[0]
     saved = json.loads((run_dir / "summary.json").read_text())
@@ -84,10 +79,14 @@ def test_summary_agrees_with_metrics_and_clients(smoke_runs):
     assert rows[0]["personalized_acc_mean"] == rows[0]["client_acc_mean"]
 
 
-def test_same_config_and_seed_give_identical_metrics(smoke_runs):
-    (a, _), (b, _) = smoke_runs
-    assert (a / "metrics.csv").read_text() == (b / "metrics.csv").read_text()
-    assert (a / "clients.csv").read_text() == (b / "clients.csv").read_text()
+@pytest.mark.slow
+def test_same_config_and_seed_give_identical_metrics(repo_root, tmp_path, small_digits_run):
+    # pitfall 9: the same numbers on CPU, here in this process against the run that another process (or worker)
+    # made for the whole pytest run
+    again = tmp_path / "again"
+    assert main(small_digits_argv(repo_root, again)) == 0
+    assert (again / "metrics.csv").read_text() == (small_digits_run / "metrics.csv").read_text()
+    assert (again / "clients.csv").read_text() == (small_digits_run / "clients.csv").read_text()
 
 
 def test_print_config_works_offline_for_every_config(repo_root, capsys):
@@ -110,6 +109,7 @@ def test_unknown_key_and_wrong_type_name_the_key(repo_root, capsys):
     assert "rounds" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_notebook_runs_on_the_digits_run(smoke_runs):
     from test_notebook import _execute_notebook
 
@@ -136,6 +136,7 @@ def test_settings_checked_after_parsing_fail_fast_with_a_clean_message(repo_root
     assert "top_k=11" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_stage_losses_are_recorded_every_round(smoke_runs):
     run_dir, _ = smoke_runs[0]
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -154,12 +155,12 @@ def test_stage_losses_are_recorded_every_round(smoke_runs):
     assert all(float(r["local_training_loss"]) > 0 for r in rows[2:])  # IFFT's local fine-tune
 
 
+@pytest.mark.slow
 def test_validation_split_is_scored_every_round(repo_root, tmp_path):
     run_dir = tmp_path / "val"
-    assert main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(run_dir),
-                 "--wandb.mode", "disabled", "--rounds", "1", "--data.validation_fraction", "0.2",
-                 # the runner path of the clients' label-prior correction runs too
-                 "--algorithm.init_args.client_prior_correction", "true"]) == 0
+    assert main(small_digits_argv(repo_root, run_dir, "--rounds", "1", "--data.validation_fraction", "0.2",
+                                  # the runner path of the clients' label-prior correction runs too
+                                  "--algorithm.init_args.client_prior_correction", "true")) == 0
     sizes = json.loads((run_dir / "partition.json").read_text())["validation_set_sizes"]
     assert all(n > 0 for n in sizes)
     with open(run_dir / "clients.csv") as f:

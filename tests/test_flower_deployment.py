@@ -27,6 +27,8 @@ import pytest
 
 pytest.importorskip("flwr", reason="the [flower] extra is not installed (make test installs it)")
 
+pytestmark = pytest.mark.slow  # subprocess runs, or a Flower federation
+
 BIN = Path(sys.executable).parent
 CLIENTS = 3
 

@@ -74,7 +74,7 @@ def run_yaml():
 
 
 def _hello(run_yaml, context, fingerprint=None, token="run-a"):
-    run = node.load_run(run_yaml)
+    run = node.load_run(run_yaml, 0)
     return node.hello(RecordDict({"config": ConfigRecord({
         "config_yaml": run_yaml, "public_fingerprint": fingerprint or run.fingerprint, "run_token": token})}), context)
 
@@ -191,7 +191,8 @@ def _runner(run_yaml, tmp_path, contexts, join_timeout_s):
     exception becoming the error reply the ClientApp sends (``"<type>: <message>"``)."""
     parser = build_fit_parser()
     init = parser.instantiate(parser.parse_string(run_yaml))
-    runner = FlowerRunner(node.load_run(run_yaml).federation, init.algorithm, init.clients, rounds=init.rounds,
+    _, federation = init.data.build(init.seed)
+    runner = FlowerRunner(federation, init.algorithm, init.clients, rounds=init.rounds,
                           seed=init.seed, trainer=init.trainer, executor=init.executor, console=Console(quiet=True),
                           recorder=Recorder(RunDirectory.prepare(tmp_path / "run")), grid=_Grid(contexts),
                           config_yaml=run_yaml, join_timeout_s=join_timeout_s)
@@ -259,3 +260,53 @@ def test_server_app_refuses_a_bad_setting_with_one_line(run_config, error, capsy
         server_app.main(None, run_config)
     assert str(err.value) == error
     assert capsys.readouterr().out == f"cosmos-pl: error: {error}\n"
+
+
+def test_a_nodes_later_messages_load_its_data_from_its_disk_cache(run_yaml, tmp_path, monkeypatch):
+    """Flower starts a process per message: only the first builds the federation; the others read the client's
+    data and U from state-dir/data, the same tensors, and never load the data set."""
+    from cosmos_pl.config import DataConfig
+
+    ctx = _context(tmp_path, 2)
+    first = _hello(run_yaml, ctx)
+    cached = list((tmp_path / "data").rglob("client_2.pt"))
+    assert len(cached) == 1
+    built = node.load_run(run_yaml, 2, tmp_path / "data")
+    node._RUNS.clear()  # a new message process: nothing in memory
+
+    def no_loading(self, seed):
+        raise AssertionError("the data set was loaded again")
+
+    monkeypatch.setattr(DataConfig, "build", no_loading)
+    again = node.load_run(run_yaml, 2, tmp_path / "data")
+    for field in ("x", "y", "x_test", "y_test"):
+        assert torch.equal(getattr(again.data, field), getattr(built.data, field))
+    assert torch.equal(again.public_x, built.public_x) and again.fingerprint == built.fingerprint
+    assert (again.num_clients, again.num_classes, again.in_chans, again.image_shape) == (6, 10, 1, (8, 8))
+    assert int(first["config"]["client_id"]) == 2
+
+
+def test_client_app_replies_a_failing_step_as_an_error_record_with_its_stage(monkeypatch):
+    """The ClientApp turns a handler's exception into ``{"error": {...}}`` (one line, the type first) and a carried
+    step's :class:`node.StepFailed` keeps the stage's name, so the server records the right stage for the client."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from cosmos_pl.flower import client_app
+
+    for name in ("_run_id", "_task_id", "_node_id"):  # a Message is only built inside a Flower task
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    message = Message(RecordDict({"run": ConfigRecord({"round": 0})}), dst_node_id=3, message_type="query.hello")
+
+    def broken(content, context):
+        raise ValueError("no such\n   file")
+
+    def failed_step(content, context):
+        raise node.StepFailed("client distillation", RuntimeError("loss is nan"))
+
+    assert dict(client_app._reply(message, None, broken).content["error"]) == {
+        "type": "ValueError", "reason": "ValueError: no such file"}
+    assert dict(client_app._reply(message, None, failed_step).content["error"]) == {
+        "type": "StepFailed", "reason": "RuntimeError: loss is nan", "stage": "client distillation"}
+    ok = client_app._reply(message, None, lambda content, context: RecordDict({"ok": ConfigRecord({"v": 2})}))
+    assert dict(ok.content["ok"]) == {"v": 2} and "error" not in ok.content

@@ -21,15 +21,15 @@ import torch
 from cosmos_pl.cli import run
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.checkpoint import load_latest
+from conftest import small_digits_argv
+
+pytestmark = pytest.mark.slow  # subprocess runs, or a Flower federation
 
 STALL_ROUND_2 = json.dumps([{"round": 2, "client": 0, "step": "local training", "kind": "hang"}])
 
 
 def _argv(repo_root: Path, run_dir: Path) -> list[str]:
-    return ["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(run_dir),
-            "--rounds", "2", "--data.num_clients", "5", "--clients.pretrain_epochs", "1",
-            "--algorithm.init_args.ptc_epochs", "1", "--algorithm.init_args.teacher_epochs", "1",
-            "--wandb.mode", "disabled", "--executor.threads_per_worker", "1"]
+    return small_digits_argv(repo_root, run_dir)  # the uninterrupted run is conftest's small_digits_run
 
 
 def _start(argv: list[str], faults: str = "") -> subprocess.Popen:
@@ -65,10 +65,8 @@ def _same_records(a: Path, b: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(repo_root, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("resume") / "uninterrupted"
-    _finish(_start(_argv(repo_root, run_dir)))
-    return run_dir
+def uninterrupted(small_digits_run):
+    return small_digits_run
 
 
 @pytest.fixture(scope="module")

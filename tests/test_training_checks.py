@@ -262,6 +262,7 @@ def test_cli_huge_learning_rates_of_teacher_and_distillation_name_their_keys(rep
     assert _one_line(err) and err.match(expected)
 
 
+@pytest.mark.slow
 def test_worker_process_divergence_comes_back_as_the_same_one_line_error():
     from cosmos_pl.federated.executor import Executor, ExecutorConfig
 

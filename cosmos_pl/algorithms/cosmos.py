@@ -19,7 +19,6 @@ from typing import Any, Literal, Optional, Union
 
 import numpy as np
 import torch
-from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 
 from cosmos_pl.aggregation import AGGREGATIONS, aggregate
@@ -27,9 +26,9 @@ from cosmos_pl.algorithms.base import Algorithm, Distill, LocalFit, ServerResult
 from cosmos_pl.clustering import greedy_clustering, pairwise_distances, resolve_b0
 from cosmos_pl.communication import pseudo_label_bytes
 from cosmos_pl.errors import ConfigError
-from cosmos_pl.federated.stages import fit_distillation, predict_probs
 from cosmos_pl.losses import apply_temperature
 from cosmos_pl.models import check_backbone_name, count_parameters
+from cosmos_pl.optim import OptimizerCallable
 
 __all__ = ["COSMOS", "teacher_stage"]
 
@@ -47,6 +46,8 @@ def teacher_stage(model: nn.Module, cluster_labels: torch.Tensor, aggregation: s
         DivergenceError: the teacher's training or its pseudo-labels are non-finite.
     """
     target = apply_temperature(aggregate(cluster_labels, aggregation), temperature)
+    from cosmos_pl.federated.stages import fit_distillation, predict_probs  # Lightning: only where a teacher trains
+
     losses = fit_distillation(model, x, target, **fit)
     return predict_probs(model, x, fit["trainer"], fit.get("where", "inference")), losses
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 
 from cosmos_pl.data import ClientData
 from cosmos_pl.errors import check
 from cosmos_pl.models import check_backbone_name
+from cosmos_pl.optim import OptimizerCallable
 
 __all__ = ["ClientConfig", "Client"]
 

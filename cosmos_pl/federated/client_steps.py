@@ -18,9 +18,7 @@ from torch import nn
 from cosmos_pl.algorithms.base import Distill, JointFit, LocalFit, Step, UnionFit
 from cosmos_pl.communication import CommunicationConfig, Payload, encode, encode_hard
 from cosmos_pl.federated.client import Client, ClientConfig
-from cosmos_pl.federated.stages import (
-    TrainerConfig, evaluate_models, fit_distillation, fit_joint, fit_supervised, predict_probs, stage_seed,
-)
+from cosmos_pl.federated.trainer_config import TrainerConfig, stage_seed
 from cosmos_pl.losses import adjust_to_prior
 from cosmos_pl.transforms import Transformations
 
@@ -31,6 +29,27 @@ STAGE_OF = {LocalFit: "local training", Distill: "client distillation", JointFit
             UnionFit: "co-training"}
 
 Task = tuple[Any, dict[str, Any]]
+
+
+class _Stage:
+    """A function of :mod:`cosmos_pl.federated.stages`, imported when the task runs: building a client's task (a
+    Flower node answering ``hello``, the in-process runner) does not import Lightning; running a training task
+    does. Picklable by name, so a task travels to a worker process as before."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from cosmos_pl.federated import stages
+
+        return getattr(stages, self.name)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"cosmos_pl.federated.stages.{self.name}"
+
+
+fit_supervised, fit_distillation, fit_joint, predict_probs, evaluate_models = (
+    _Stage(name) for name in ("fit_supervised", "fit_distillation", "fit_joint", "predict_probs", "evaluate_models"))
 
 
 def stage_of(step: Step) -> str:

@@ -46,7 +46,7 @@ from cosmos_pl.federated.failures import ClientFailed, Failure, FailureConfig, R
 from cosmos_pl.federated.recorder import Recorder
 from cosmos_pl.federated.run_directory import atomic_save
 from cosmos_pl.federated.client_steps import ClientSteps, encode_upload, stage_of
-from cosmos_pl.federated.stages import TrainerConfig, stage_seed
+from cosmos_pl.federated.trainer_config import TrainerConfig, stage_seed
 from cosmos_pl.models import check_backbones, count_parameters, create_backbone
 from cosmos_pl.report import METRIC_LABEL, mean_sem
 from cosmos_pl.transforms import Transformations

@@ -1,7 +1,9 @@
 """One client on a Flower node: its data and model built from the run's config, the client steps, its model kept.
 
 The server's ``query.hello`` carries the run's resolved config; the node builds the same federation as the
-server (same settings and seed) and keeps its own partition: client ``partition-id`` (Flower's node config).
+server (same settings and seed) and keeps only its own client's data and U: client ``partition-id`` (Flower's node
+config). It keeps them in ``state-dir/data/<config hash>/client_<id>.pt``, so the later messages of the run (each
+one a new ClientApp process in Flower) load them instead of rebuilding the federation.
 The client's model lives in the node's state (``context.state``) while a round runs; at the end of each round
 (``evaluate.scores``) it is committed: kept in the node state and written atomically to the node's disk
 (``state-dir/<run token>/client_<id>.pt``), so a node that is killed and restarted continues from its last
@@ -16,18 +18,19 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
 
 from cosmos_pl.communication import CommunicationConfig
+from cosmos_pl.data import ClientData
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.client import Client
 from cosmos_pl.federated.client_steps import ClientSteps, encode_upload, stage_of
 from cosmos_pl.federated.executor import available_cpus
 from cosmos_pl.federated.run_directory import atomic_save
-from cosmos_pl.federated.stages import stage_seed
+from cosmos_pl.federated.trainer_config import stage_seed
 from cosmos_pl.flower import wire
 from cosmos_pl.models import create_backbone
 from cosmos_pl.uploads import public_fingerprint
@@ -41,20 +44,34 @@ DEFAULT_STATE_DIR = Path.home() / ".cache" / "cosmos-pl" / "flower"
 NODE_CONFIG_KEYS = ("partition-id", "state-dir", "threads")
 _FLOWER_NODE_KEYS = ("num-partitions",)
 _META, _WORKING, _COMMITTED = "cosmos.meta", "cosmos.working", "cosmos.committed"
-_RUNS: dict[str, "NodeRun"] = {}  # per process, by config hash: a cache (a node rebuilds it from its state)
+_RUNS: dict[tuple[str, int], "NodeRun"] = {}  # per process, by (config hash, client): one run at a time
 
 
 @dataclass
 class NodeRun:
-    """What a node builds from the run's config: the settings, the federation (the node reads only its own
-    client's partition and U) and the client steps."""
+    """What a node holds for the run: the settings, its own client's data (never the other clients'), U and the
+    client steps.
+
+    Attributes:
+        data: the client's own data (training, test and validation splits).
+        public_x: U, uint8 ``[n, C, H, W]``.
+        num_clients, num_classes, in_chans, image_shape: the federation's N, M, C and (H, W).
+        initial_state: the client's round-0 model weights, kept in the disk cache beside its data.
+    """
 
     config_hash: str
     init: Any
-    federation: Any
+    client_id: int
+    data: ClientData
+    public_x: torch.Tensor
+    num_clients: int
+    num_classes: int
+    in_chans: int
+    image_shape: tuple[int, int]
     steps: ClientSteps
     fingerprint: str
     shared_init: bool
+    initial_state: Optional[dict[str, torch.Tensor]] = None  # the round-0 model's state dict (:meth:`initial_model`)
 
     def backbone(self, client_id: int) -> str:
         names = self.init.clients.backbones
@@ -62,32 +79,64 @@ class NodeRun:
 
     def initial_model(self, client_id: int) -> torch.nn.Module:
         """The client's round-0 model, the same as the in-process runner's (``Runner.make_backbone``)."""
-        fed = self.federation
         torch.manual_seed(stage_seed(self.init.seed, 0, "init", 0 if self.shared_init else client_id))
-        return create_backbone(self.backbone(client_id), fed.num_classes, fed.in_chans, max(fed.image_shape))
+        return create_backbone(self.backbone(client_id), self.num_classes, self.in_chans, max(self.image_shape))
 
 
-def load_run(config_yaml: str) -> NodeRun:
-    """Parse the run's resolved config and build its federation (cached per process by the config's hash).
+_DATA_FIELDS = ("x", "y", "x_test", "y_test", "x_val", "y_val")
+
+
+def load_run(config_yaml: str, client_id: int, cache: Optional[Path] = None) -> NodeRun:
+    """Parse the run's resolved config and get client ``client_id``'s data and U: from the node's disk cache
+    (``cache/<config hash>/client_<id>.pt``, written atomically by the first message of the run), else by building
+    the federation as the server does (same settings and seed) and keeping this client's part. Flower starts a
+    process per message, so only the first message pays for loading and splitting the data set. Kept per process
+    too (one run at a time).
 
     Raises:
         ConfigError / DataError / FileNotFoundError: the config is invalid here or the data cannot be loaded.
+        ConfigError: ``client_id`` is not a client of the federation (0..N-1).
     """
     key = hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
-    if key not in _RUNS:
-        from cosmos_pl.cli import build_fit_parser
+    if (key, client_id) in _RUNS:
+        return _RUNS[key, client_id]
+    from cosmos_pl.cli import build_fit_parser
+
+    parser = build_fit_parser()
+    init = parser.instantiate(parser.parse_string(config_yaml))
+    path = None if cache is None else cache / key / f"client_{client_id}.pt"
+    blob = None
+    if path is not None and path.is_file():
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # a torn or foreign file: build the data again, and rewrite it
+            blob = None
+    if blob is None:
         from cosmos_pl.config import validate_config
 
-        parser = build_fit_parser()
-        init = parser.instantiate(parser.parse_string(config_yaml))
         validate_config(init)
-        _, federation = init.data.build(init.seed)
-        steps = ClientSteps(init.seed, init.clients, init.transformations, init.trainer, federation.public_x,
-                            federation.num_classes)
-        _RUNS.clear()  # one run at a time per process: free the previous run's data
-        _RUNS[key] = NodeRun(key, init, federation, steps, public_fingerprint(federation.public_x),
-                             bool(init.algorithm.shared_init))
-    return _RUNS[key]
+        _, fed = init.data.build(init.seed)
+        if not 0 <= client_id < fed.num_clients:
+            raise ConfigError(f"node config partition-id={client_id!r}: give each node its own client, "
+                              f"0..{fed.num_clients - 1} (flower-supernode --node-config 'partition-id=0')")
+        mine = fed.clients[client_id]
+        blob = {**{f: getattr(mine, f) for f in _DATA_FIELDS}, "class_counts": torch.as_tensor(mine.class_counts),
+                "public_x": fed.public_x, "num_clients": fed.num_clients, "num_classes": fed.num_classes,
+                "in_chans": fed.in_chans, "image_shape": list(fed.image_shape)}
+    data = ClientData(**{f: blob[f] for f in _DATA_FIELDS}, class_counts=blob["class_counts"].numpy())
+    steps = ClientSteps(init.seed, init.clients, init.transformations, init.trainer, blob["public_x"],
+                        int(blob["num_classes"]))
+    run = NodeRun(key, init, client_id, data, blob["public_x"], int(blob["num_clients"]), int(blob["num_classes"]),
+                  int(blob["in_chans"]), tuple(int(v) for v in blob["image_shape"]), steps,
+                  public_fingerprint(blob["public_x"]), bool(init.algorithm.shared_init))
+    if "initial_state" not in blob:  # the round-0 model's weights, so that a joining node need not build it
+        blob["initial_state"] = run.initial_model(client_id).state_dict()
+        if path is not None:
+            atomic_save(blob, path)
+    run.initial_state = blob["initial_state"]
+    _RUNS.clear()  # one run at a time per process: free the previous run's data
+    _RUNS[key, client_id] = run
+    return run
 
 
 def model_digest(state: dict[str, torch.Tensor]) -> str:
@@ -101,10 +150,19 @@ def model_digest(state: dict[str, torch.Tensor]) -> str:
 
 
 # --------------------------------------------------------------------------- node state
-def _state_file(context: Context, run_token: str, client_id: int) -> Path:
+def _state_dir(context: Context) -> Path:
     where = (context.node_config.get("state-dir") or context.run_config.get("node-state-dir")
              or os.environ.get("COSMOS_PL_NODE_STATE_DIR") or DEFAULT_STATE_DIR)
-    return Path(str(where)).expanduser() / run_token / f"client_{client_id}.pt"
+    return Path(str(where)).expanduser()
+
+
+def _state_file(context: Context, run_token: str, client_id: int) -> Path:
+    return _state_dir(context) / run_token / f"client_{client_id}.pt"
+
+
+def _data_cache(context: Context) -> Path:
+    """Where the node keeps its client's data and U per run config (:func:`load_run`)."""
+    return _state_dir(context) / "data"
 
 
 def _meta(context: Context) -> ConfigRecord:
@@ -123,13 +181,13 @@ def _client(context: Context, rnd: int) -> tuple[NodeRun, Client]:
     """The run and the client with its current model for round ``rnd``: the working model of this round, or the
     committed one when this round has not touched it yet (a new round, or a node restarted mid-round)."""
     meta = _meta(context)
-    run = load_run(str(meta["config_yaml"]))
-    torch.set_num_threads(_threads(context, run))
     cid = int(meta["client_id"])
+    run = load_run(str(meta["config_yaml"]), cid, _data_cache(context))
+    torch.set_num_threads(_threads(context, run))
     model = run.initial_model(cid)
     source = _WORKING if int(meta["working_round"]) == rnd else _COMMITTED
     model.load_state_dict(wire.record_to_tensors(context.state[source]))
-    return run, Client(cid, run.backbone(cid), model, run.federation.clients[cid])
+    return run, Client(cid, run.backbone(cid), model, run.data)
 
 
 def _keep_working(context: Context, rnd: int, model: torch.nn.Module) -> None:
@@ -181,12 +239,11 @@ def hello(content: RecordDict, context: Context) -> RecordDict:
     """
     check_node_config(context.node_config)  # before the run is built: a typo is refused in a moment
     cfg = content["config"]
-    run = load_run(str(cfg["config_yaml"]))
-    n = run.federation.num_clients
     pid = context.node_config.get("partition-id")
-    if pid is None or not 0 <= int(pid) < n:
-        raise ConfigError(f"node config partition-id={pid!r}: give each node its own client, 0..{n - 1} "
+    if pid is None or int(pid) < 0:
+        raise ConfigError(f"node config partition-id={pid!r}: give each node its own client, 0..N-1 "
                           f"(flower-supernode --node-config 'partition-id=0')")
+    run = load_run(str(cfg["config_yaml"]), int(pid), _data_cache(context))  # refuses a pid >= N
     if run.fingerprint != str(cfg["public_fingerprint"]):
         raise ValueError(f"public set U differs: this node built U with fingerprint {run.fingerprint}, the server "
                          f"{cfg['public_fingerprint']}; give the node the same data and cosmos-pl version")
@@ -199,7 +256,7 @@ def hello(content: RecordDict, context: Context) -> RecordDict:
             saved = torch.load(path, weights_only=True)
             state, committed, digest = saved["model"], int(saved["round"]), str(saved["digest"])
         else:
-            state = run.initial_model(cid).state_dict()
+            state = run.initial_state  # from the disk cache: a joining node does not build (or import) the model
             committed, digest = -1, model_digest(state)
         context.state[_COMMITTED] = wire.tensors_to_record(state)
         context.state[_WORKING] = context.state[_COMMITTED]

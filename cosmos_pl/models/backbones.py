@@ -24,10 +24,12 @@ fails before any client trains.
 from __future__ import annotations
 
 import difflib
+import functools
+import os
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
-import timm
 import torch
-import torchvision
 from torch import nn
 
 from cosmos_pl.errors import ConfigError
@@ -111,6 +113,40 @@ def kaiming_init_(module: nn.Module) -> nn.Module:
 # ---------------------------------------------------------------------------
 # Registry
 # ---------------------------------------------------------------------------
+def _names_cache() -> Path:
+    """Where timm's architecture names are kept for this timm version (``$XDG_CACHE_HOME`` or ``~/.cache``)."""
+    try:
+        timm_version = version("timm")
+    except PackageNotFoundError:
+        timm_version = "unknown"
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "cosmos-pl" / f"timm-{timm_version}-architectures.txt"
+
+
+@functools.lru_cache(maxsize=1)
+def _timm_architectures() -> frozenset[str]:
+    """timm's registered architecture names, read from a per-version cache file so that checking a name in the
+    settings does not import timm (about a second of start-up); the first call of a timm version imports timm and
+    writes the file (atomically; skipped where the cache folder cannot be written)."""
+    path = _names_cache()
+    try:
+        names = path.read_text().split()
+        if names:
+            return frozenset(names)
+    except OSError:
+        pass
+    import timm
+
+    names = sorted(timm.list_models())
+    try:
+        from cosmos_pl.federated.run_directory import atomic_write_text
+
+        atomic_write_text(path, "\n".join(names) + "\n")
+    except Exception:  # a read-only home: the names are still right, only slower next time
+        pass
+    return frozenset(names)
+
+
 def available_backbones() -> list[str]:
     """Names accepted by :func:`create_backbone`.
 
@@ -118,11 +154,13 @@ def available_backbones() -> list[str]:
         ``timm.list_models()`` (all timm architectures, without pretrained tags,
         sorted) followed by :data:`TORCHVISION_BACKBONES`.
     """
-    return list(timm.list_models()) + list(TORCHVISION_BACKBONES)
+    return sorted(_timm_architectures()) + list(TORCHVISION_BACKBONES)
 
 
 def _is_backbone(name: object) -> bool:
-    return name in TORCHVISION_BACKBONES or (isinstance(name, str) and timm.is_model(name))
+    """Whether :func:`create_backbone` knows ``name`` (as ``timm.is_model``: a pretrained tag after '.' is
+    ignored)."""
+    return name in TORCHVISION_BACKBONES or (isinstance(name, str) and name.split(".", 1)[0] in _timm_architectures())
 
 
 def _unknown_backbone_hint(name: str) -> str:
@@ -247,6 +285,8 @@ def _cifar_alexnet(num_classes: int, in_chans: int) -> nn.Module:
     ``Dropout(0.5), Linear(1024, 1024), ReLU, Dropout(0.5), Linear(1024, 1024), ReLU,
     Linear(1024, num_classes)``: ~4.4M parameters instead of ImageNet AlexNet's 61M.
     """
+    import torchvision  # here, not at import: the CLI checks settings without it
+
     model = torchvision.models.alexnet(weights=None, num_classes=num_classes)
     model.features = nn.Sequential(
         nn.Conv2d(in_chans, 64, kernel_size=3, stride=1, padding=1),
@@ -278,6 +318,8 @@ def _cifar_alexnet(num_classes: int, in_chans: int) -> nn.Module:
 
 
 def _create_torchvision(name: str, num_classes: int, in_chans: int, small: bool) -> nn.Module:
+    import torchvision  # here, not at import: the CLI checks settings without it
+
     if name == "alexnet":
         if small:
             return _cifar_alexnet(num_classes, in_chans)
@@ -306,6 +348,8 @@ def _create_torchvision(name: str, num_classes: int, in_chans: int, small: bool)
 # timm small-input adaptations
 # ---------------------------------------------------------------------------
 def _is_timm_vgg(name: str) -> bool:
+    import timm  # here, not at import: the CLI checks settings without it
+
     return timm.models.get_arch_name(name) in timm.list_models(module="vgg")
 
 
@@ -394,6 +438,8 @@ def create_backbone(name: str, num_classes: int, in_chans: int = 3, image_size: 
             up to 5 close names and how to list valid ones).
         ValueError: ``num_classes``, ``in_chans`` or ``image_size`` is not a positive integer.
     """
+    import timm  # here, not at import: the CLI checks settings without it
+
     for arg_name, value in (("num_classes", num_classes), ("in_chans", in_chans), ("image_size", image_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{arg_name} must be a positive int, got {value!r}")
