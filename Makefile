@@ -11,21 +11,26 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 venv: $(VENV)/.installed
 
-# The demo needs the package only; the tests add the `test` and `flower` extras on top.
+# The demo needs the package only; the tests add the `test` and `flower` extras on top. torch is pinned to the
+# release this project is tested with (CPU and CUDA alike). One pip call per target (one resolve), no bytecode from
+# pip, then bytecode on every core (pip compiles on one; as with pip, the few files that do not compile, templates
+# and test data inside packages, are skipped).
+PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check --no-compile
+COMPILE     := $(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
+
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	# torch first, pinned to the release this project is tested with (CPU and CUDA alike)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -e .
-	# bytecode on every core (pip compiles on one); as with pip, the few files that do not compile (templates,
-	# test data inside packages) are skipped
-	$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
+	$(PIP_INSTALL) torch==2.14.1 torchvision==0.29.1 -e .
+	$(COMPILE)
 	touch $@
 
-# the tests cover the Flower transport too: the `flower` extra (flwr with its simulation engine) comes with them
-$(VENV)/.installed-test: $(VENV)/.installed
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,flower]'
-	touch $@
+# the tests cover the Flower transport too: the `flower` extra (flwr with its simulation engine) comes with them;
+# on a fresh machine both targets' packages come in one pip call
+$(VENV)/.installed-test: pyproject.toml
+	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PIP_INSTALL) torch==2.14.1 torchvision==0.29.1 -e '.[test,flower]'
+	$(COMPILE)
+	touch $(VENV)/.installed $@
 
 data: $(FMNIST)
 

@@ -145,7 +145,9 @@ def run_export(cfg: Namespace) -> list[Path]:
     return folders
 
 
+@functools.lru_cache(maxsize=1)
 def build_parser() -> ArgumentParser:
+    """The ``cosmos-pl`` parser with its subcommands; built once per process (parsing does not change it)."""
     parser = ArgumentParser(prog="cosmos-pl", description="cosmos-pl: model-agnostic personalized federated learning.",
                             exit_on_error=False, allow_abbrev=False)
     parser.add_argument("--version", action="version", version=_version(), help="Print the version and exit.")

@@ -1,15 +1,15 @@
-"""Run configs/digits_flower.yaml on Flower's simulation engine (6 virtual SuperNodes, Ray): a subprocess of the
-Flower tests. One simulation serves several runs in turn (one Ray start); each run draws a new run token, so its
+"""Run configs/digits_flower.yaml with CLIENTS clients on Flower's simulation engine (one virtual SuperNode per
+client, Ray): a subprocess of the Flower tests. One simulation serves several runs in turn (one Ray start); each run draws a new run token, so its
 nodes start from round 0.
 
-Usage: python tests/flower_simulation.py NODE_STATE_DIR RUN_DIR:ALGORITHM [RUN_DIR:ALGORITHM ...]
+Usage: python tests/flower_simulation.py NODE_STATE_DIR CLIENTS RUN_DIR:ALGORITHM [RUN_DIR:ALGORITHM ...]
 """
 
 import os
 import sys
 from pathlib import Path
 
-state_dir, *runs = sys.argv[1:]
+state_dir, clients, *runs = sys.argv[1:]
 os.environ["COSMOS_PL_NODE_STATE_DIR"] = state_dir  # the virtual nodes' disks (Ray workers inherit it)
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
@@ -27,9 +27,10 @@ server_app = ServerApp()
 def _main(grid, context):
     for run in runs:
         run_dir, algorithm = run.rsplit(":", 1)
-        main(grid, {"config": str(config), "run-dir": run_dir, "overwrite": True, "args": f"--algorithm {algorithm}"})
+        main(grid, {"config": str(config), "run-dir": run_dir, "overwrite": True,
+                    "args": f"--algorithm {algorithm} --data.num_clients {clients}"})
 
 
-run_simulation(server_app, client_app, num_supernodes=6,
+run_simulation(server_app, client_app, num_supernodes=int(clients),
                backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                "init_args": {"logging_level": "ERROR", "include_dashboard": False}})

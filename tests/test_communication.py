@@ -67,6 +67,7 @@ def test_bad_settings():
         encode(p, "int4")
 
 
+@pytest.mark.slow
 def test_fit_counts_compressed_upload_bytes(repo_root, tmp_path):
     import csv
     import json

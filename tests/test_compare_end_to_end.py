@@ -8,8 +8,12 @@ import pytest
 
 from cosmos_pl.cli import main
 
-# small enough for CI: one round, few epochs, two pairs side by side with one thread each
-FAST = ["--rounds", "1", "--clients.pretrain_epochs", "2", "--algorithm.ptc_epochs", "2", "--wandb.mode", "disabled"]
+# small enough for CI: one round, 5 clients, one epoch per stage, two pairs side by side with one thread each
+FAST = ["--rounds", "1", "--data.num_clients", "5", "--clients.pretrain_epochs", "1", "--algorithm.ptc_epochs", "1",
+        "--algorithm.teacher_epochs", "1", "--wandb.mode", "disabled"]
+
+
+pytestmark = pytest.mark.slow  # every test here reads one compare of 4 pairs, each a fit process
 
 
 @pytest.fixture(scope="module")

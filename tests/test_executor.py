@@ -21,6 +21,7 @@ def test_sequential_and_parallel_digits_runs_give_identical_metrics(repo_root, t
         assert (small_digits_run / name).read_text() == (parallel / name).read_text(), name
 
 
+@pytest.mark.slow
 def test_parallel_map_returns_every_result_by_index():
     ex = Executor(ExecutorConfig(kind="parallel", devices=2, threads_per_worker=1))
     try:
@@ -54,7 +55,7 @@ def _misbehave(model=None, v=0, how="ok"):
     return v * v
 
 
-@pytest.mark.parametrize("kind", ["sequential", "parallel"])
+@pytest.mark.parametrize("kind", ["sequential", pytest.param("parallel", marks=pytest.mark.slow)])
 def test_failing_tasks_are_reported_and_the_others_finish(kind):
     """Issue 9: an exception, a hang past the timeout and (parallel) a killed worker fail their task only."""
     ex = Executor(ExecutorConfig(kind=kind, devices=2, threads_per_worker=1), "cpu")

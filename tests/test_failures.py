@@ -43,6 +43,7 @@ def _without(rows, *columns):
     return [{k: v for k, v in r.items() if k not in columns} for r in rows]
 
 
+@pytest.mark.slow
 def test_every_failure_kind_is_survived_recorded_and_leaves_the_others_as_if_left_out(repo_root, tmp_path,
                                                                                      monkeypatch):
     faulty, left_out = tmp_path / "faulty", tmp_path / "left_out"

@@ -18,6 +18,7 @@ def smoke_runs(smoke_run):
     return [(smoke_run, json.loads((smoke_run / "summary.json").read_text()))]
 
 
+@pytest.mark.slow
 def test_run_directory_files(smoke_runs):
     run_dir, summary = smoke_runs[0]
     for name in ("config.yaml", "partition.json", "clusters.json", "metrics.csv", "clients.csv", "summary.json",
@@ -46,6 +47,7 @@ def test_run_directory_files(smoke_runs):
     assert int(rows[1]["upload_bytes_per_client"]) == n_public * m * 4 and int(rows[0]["upload_bytes_per_client"]) == 0
 
 
+@pytest.mark.slow
 def test_summary_agrees_with_metrics_and_clients(smoke_runs):
     run_dir, summary = smoke_runs[0]
     saved = json.loads((run_dir / "summary.json").read_text())
@@ -77,6 +79,7 @@ def test_summary_agrees_with_metrics_and_clients(smoke_runs):
     assert rows[0]["personalized_acc_mean"] == rows[0]["client_acc_mean"]
 
 
+@pytest.mark.slow
 def test_same_config_and_seed_give_identical_metrics(repo_root, tmp_path, small_digits_run):
     # pitfall 9: the same numbers on CPU, here in this process against the run that another process (or worker)
     # made for the whole pytest run
@@ -106,6 +109,7 @@ def test_unknown_key_and_wrong_type_name_the_key(repo_root, capsys):
     assert "rounds" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_notebook_runs_on_the_digits_run(smoke_runs):
     from test_notebook import _execute_notebook
 
@@ -132,6 +136,7 @@ def test_settings_checked_after_parsing_fail_fast_with_a_clean_message(repo_root
     assert "top_k=11" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_stage_losses_are_recorded_every_round(smoke_runs):
     run_dir, _ = smoke_runs[0]
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -150,12 +155,12 @@ def test_stage_losses_are_recorded_every_round(smoke_runs):
     assert all(float(r["local_training_loss"]) > 0 for r in rows[2:])  # IFFT's local fine-tune
 
 
+@pytest.mark.slow
 def test_validation_split_is_scored_every_round(repo_root, tmp_path):
     run_dir = tmp_path / "val"
-    assert main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(run_dir),
-                 "--wandb.mode", "disabled", "--rounds", "1", "--data.validation_fraction", "0.2",
-                 # the runner path of the clients' label-prior correction runs too
-                 "--algorithm.init_args.client_prior_correction", "true"]) == 0
+    assert main(small_digits_argv(repo_root, run_dir, "--rounds", "1", "--data.validation_fraction", "0.2",
+                                  # the runner path of the clients' label-prior correction runs too
+                                  "--algorithm.init_args.client_prior_correction", "true")) == 0
     sizes = json.loads((run_dir / "partition.json").read_text())["validation_set_sizes"]
     assert all(n > 0 for n in sizes)
     with open(run_dir / "clients.csv") as f:

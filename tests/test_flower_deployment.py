@@ -35,6 +35,8 @@ pytest.importorskip("flwr", reason="the [flower] extra is not installed (make te
 
 from cosmos_pl.cli import main  # noqa: E402
 
+pytestmark = pytest.mark.slow  # subprocess runs, or a Flower federation
+
 BIN = Path(sys.executable).parent
 CLIENTS = 3
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -290,3 +290,29 @@ def test_a_nodes_later_messages_load_its_data_from_its_disk_cache(run_yaml, tmp_
     assert torch.equal(again.public_x, built.public_x) and again.fingerprint == built.fingerprint
     assert (again.num_clients, again.num_classes, again.in_chans, again.image_shape) == (6, 10, 1, (8, 8))
     assert int(first["config"]["client_id"]) == 2
+
+
+def test_client_app_replies_a_failing_step_as_an_error_record_with_its_stage(monkeypatch):
+    """The ClientApp turns a handler's exception into ``{"error": {...}}`` (one line, the type first) and a carried
+    step's :class:`node.StepFailed` keeps the stage's name, so the server records the right stage for the client."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from cosmos_pl.flower import client_app
+
+    for name in ("_run_id", "_task_id", "_node_id"):  # a Message is only built inside a Flower task
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    message = Message(RecordDict({"run": ConfigRecord({"round": 0})}), dst_node_id=3, message_type="query.hello")
+
+    def broken(content, context):
+        raise ValueError("no such\n   file")
+
+    def failed_step(content, context):
+        raise node.StepFailed("client distillation", RuntimeError("loss is nan"))
+
+    assert dict(client_app._reply(message, None, broken).content["error"]) == {
+        "type": "ValueError", "reason": "ValueError: no such file"}
+    assert dict(client_app._reply(message, None, failed_step).content["error"]) == {
+        "type": "StepFailed", "reason": "RuntimeError: loss is nan", "stage": "client distillation"}
+    ok = client_app._reply(message, None, lambda content, context: RecordDict({"ok": ConfigRecord({"v": 2})}))
+    assert dict(ok.content["ok"]) == {"v": 2} and "error" not in ok.content

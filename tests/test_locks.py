@@ -12,7 +12,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from cosmos_pl.federated.locks import LOCK_NAME
+
+pytestmark = pytest.mark.slow  # subprocess runs, or a Flower federation
 
 HANG_ROUND_0 = json.dumps([{"round": 0, "client": 0, "step": "local training", "kind": "hang"}])
 

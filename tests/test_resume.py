@@ -23,6 +23,8 @@ from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.checkpoint import load_latest
 from conftest import small_digits_argv
 
+pytestmark = pytest.mark.slow  # subprocess runs, or a Flower federation
+
 STALL_ROUND_2 = json.dumps([{"round": 2, "client": 0, "step": "local training", "kind": "hang"}])
 
 

@@ -94,6 +94,7 @@ def _quick_fit(repo_root, run_dir, *flags):
             "--wandb.mode", "disabled", "--executor.threads_per_worker", "1", *flags]
 
 
+@pytest.mark.slow
 def test_overwrite_leaves_nothing_of_the_old_run_and_checkpoints_hold_only_the_new_rounds(repo_root, tmp_path, capsys):
     import torch
 
@@ -141,6 +142,7 @@ def test_a_read_only_run_directory_is_one_line_before_any_data_is_loaded(repo_ro
         shutil.rmtree(base)
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_writing_a_checkpoint_is_one_line_with_the_resume_line(repo_root, tmp_path, capsys,
                                                                                    monkeypatch):
     from cosmos_pl import files

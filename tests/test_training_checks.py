@@ -244,12 +244,13 @@ def test_cli_lr_1e37_fails_at_the_first_nonfinite_loss(repo_root, tmp_path):
     ("--algorithm.init_args.teacher_optimizer.init_args.lr",
      r"^round 1, teacher distillation, teacher of cluster 0 \(clients \[0, 1, 2, 3, 4\]\): the training loss is "
      r"nan \(kl nan, r_b nan\) at epoch 1 of 1, step 2 of 2: .*algorithm.init_args.teacher_optimizer.init_args.lr "
-     r"\(now 1e\+37\); rounds 0..0 are saved: fix the cause, then resume with `cosmos-pl fit --resume .*`$"),
+     r"\(now 1e\+37\); rounds 0..0 are saved in .*/checkpoints: resume once fixed with `cosmos-pl fit --resume .*`$"),
     # clients' divergence fails them one by one; with none left the round stops
     ("--clients.distill_optimizer.init_args.lr",
      r"^round 1: only 0 of 5 clients finished it .* the first: client 0 in client distillation: DivergenceError: "
      r"round 1, client distillation, client 0: the training loss is nan \(kl nan, r_b nan\) at epoch 1 of 1, "
-     r"step 2 of 9: .*clients.distill_optimizer.init_args.lr \(now 1e\+37\); rounds 0..0 are saved: .*$"),
+     r"step 2 of 9: .*clients.distill_optimizer.init_args.lr \(now 1e\+37\); rounds 0..0 are saved in "
+     r".*/checkpoints: resume once fixed with .*$"),
 ])
 def test_cli_huge_learning_rates_of_teacher_and_distillation_name_their_keys(repo_root, tmp_path, flag, expected):
     # no round-0 training, one cluster, one short teacher epoch: seconds. (An infinite rate is refused when the
@@ -261,6 +262,7 @@ def test_cli_huge_learning_rates_of_teacher_and_distillation_name_their_keys(rep
     assert _one_line(err) and err.match(expected)
 
 
+@pytest.mark.slow
 def test_worker_process_divergence_comes_back_as_the_same_one_line_error():
     from cosmos_pl.federated.executor import Executor, ExecutorConfig
 
