@@ -108,8 +108,8 @@ def test_node_refuses_a_partition_out_of_range_or_another_public_set(run_yaml, t
         node.pseudo_labels(_upload(1, "f" * 16), ctx)
 
 
-_KEYS_HINT = ("a node reads partition-id, state-dir, threads (flower-supernode --node-config \"partition-id=0 "
-              "state-dir='/var/lib/cosmos-pl' threads=4\")")
+_KEYS_HINT = ("a node reads partition-id, data, state-dir, threads (flower-supernode --node-config \"partition-id=0 "
+              "data='/srv/site_0' state-dir='/var/lib/cosmos-pl' threads=4\")")
 
 
 def test_node_refuses_an_unknown_node_config_key_naming_the_close_match(run_yaml, tmp_path):

@@ -309,7 +309,7 @@ def check_node_config(node_config: Any) -> None:
             named.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
         raise ConfigError(f"unknown node config key{'s' if len(unknown) > 1 else ''} {', '.join(named)}: a node "
                           f"reads {', '.join(NODE_CONFIG_KEYS)} (flower-supernode --node-config "
-                          f"\"partition-id=0 state-dir='/var/lib/cosmos-pl' threads=4\")")
+                          f"\"partition-id=0 data='/srv/site_0' state-dir='/var/lib/cosmos-pl' threads=4\")")
 
 
 # --------------------------------------------------------------------------- handlers (content -> content)
