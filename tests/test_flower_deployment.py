@@ -50,7 +50,7 @@ SUPERNODE = ("flower-supernode --superlink {host}:{port} --root-certificates {ke
              "--auth-supernode-private-key {keys}/node_{i} --node-config \"partition-id={i} data='{sites}/client_{i}' "
              "state-dir='{state}'\"")
 SUBMIT = ("cosmos-pl flower-run . cosmos --stream --run-config \"config='configs/digits_flower.yaml' "
-          "public='{sites}/public.npz' run-dir='{run}' args='--data.num_clients 3'\"")
+          "public='{sites}/public.npz' run-dir='{run}' rejoin-timeout=120 args='--data.num_clients 3'\"")
 DRILL = [{"round": 1, "client": 2, "step": "client distillation", "kind": "raise"}]
 
 
@@ -164,10 +164,16 @@ def test_tls_deployment_of_sites_with_their_own_data(repo_root, tmp_path):
     audit = tmp_path / "server_opens.txt"
     fields = dict(host="127.0.0.1", port=link, keys=keys, sites=sites, run=run_dir)
 
+    runtime_ports: dict[str, int] = {}
+
     def supernode(name: str, i: int, state: Path, partition: int | None = None) -> None:
-        argv = _argv(SUPERNODE, **fields, i=i, state=state)
+        # README's command, plus the one flag several nodes on one machine need: each its own port for the Runtime
+        # HTTP API its ClientApps talk to (9094 by default); a restarted node gets its port again
+        port = runtime_ports.setdefault(name, _free_port())
+        argv = [*_argv(SUPERNODE, **fields, i=i, state=state), "--port", str(port)]
         if partition is not None:  # the impostor: another node's key, a client id it does not hold
-            argv[-1] = argv[-1].replace(f"partition-id={i}", f"partition-id={partition}")
+            argv = [a.replace(f"partition-id={i}", f"partition-id={partition}").replace(
+                f"client_{i}'", f"client_{partition}'") for a in argv]
         procs.start(name, argv, tmp_path)
 
     try:
@@ -197,7 +203,16 @@ def test_tls_deployment_of_sites_with_their_own_data(repo_root, tmp_path):
         supernode("supernode_2", 2, tmp_path / "node_2")  # the same command: its key, its state-dir
         supernode("impostor", 3, tmp_path / "node_impostor", partition=0)
 
-        _wait(lambda: flwr.poll() is not None, 600, "the run to end", logs)
+        # node 2's key is the killed node's: the SuperLink refuses it (the node exits) until it has marked the old
+        # session offline (2 missed heartbeats of 30 s); a supervisor restarts it, and the server waits for it at
+        # the start of round 2 (rejoin-timeout)
+        def ended() -> bool:
+            if procs.procs["supernode_2"].poll() is not None and flwr.poll() is None:
+                time.sleep(2)
+                supernode("supernode_2", 2, tmp_path / "node_2")
+            return flwr.poll() is not None
+
+        _wait(ended, 600, "the run to end", logs)
         _wait(lambda: failing.poll() is not None, 60, "the failing run's command to end", logs)
     finally:
         procs.stop_all()

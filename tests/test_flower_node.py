@@ -316,3 +316,14 @@ def test_client_app_replies_a_failing_step_as_an_error_record_with_its_stage(mon
         "type": "StepFailed", "reason": "RuntimeError: loss is nan", "stage": "client distillation"}
     ok = client_app._reply(message, None, lambda content, context: RecordDict({"ok": ConfigRecord({"v": 2})}))
     assert dict(ok.content["ok"]) == {"v": 2} and "error" not in ok.content
+
+
+def test_a_node_restarted_under_its_old_id_is_read_as_a_node_that_left(tmp_path):
+    # under SuperNode authentication a restarted node keeps its node id; its first message finds no query.hello
+    from cosmos_pl.flower.client_app import HANDLERS, respond
+    from cosmos_pl.flower.server import _NodeRestarted, read_reply
+
+    content = RecordDict({"config": ConfigRecord({"round": 2, "public_fingerprint": "f" * 16})})
+    reply = read_reply(respond(HANDLERS["query.pseudo_labels"], content, _context(tmp_path, 2)))
+    assert isinstance(reply, _NodeRestarted) and reply.step is None
+    assert reply.reason.startswith("NotSetUp: this node has not been set up for the run (no query.hello received")

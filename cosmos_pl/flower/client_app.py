@@ -31,6 +31,8 @@ def respond(handler: Callable[[RecordDict, Context], RecordDict], content: Recor
     reason, and the stage (a carried step) or the client (a site whose data cannot be used) it concerns."""
     try:
         return handler(content, context)
+    except node.NotSetUp as err:  # a restarted node under its old id: the server greets it again
+        return RecordDict({"error": ConfigRecord({"type": "NotSetUp", "reason": f"NotSetUp: {err}"})})
     except node.StepFailed as err:  # a carried training step: named, so the server records the right stage
         return RecordDict({"error": ConfigRecord({"type": "StepFailed", "reason": str(err), "stage": err.stage})})
     except node.SiteDataError as err:  # this site's data cannot be used: its client fails, the run goes on

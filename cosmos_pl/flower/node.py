@@ -247,10 +247,16 @@ def _data_cache(context: Context) -> Path:
     return _state_dir(context) / "data"
 
 
+class NotSetUp(RuntimeError):
+    """A message reached a node that has had no ``query.hello`` since it started: a restarted node that came back
+    under its old node id (under SuperNode authentication the id follows the node's key). The server reads it as a
+    node that left: it greets the node again at the start of the next round."""
+
+
 def _meta(context: Context) -> ConfigRecord:
     if _META not in context.state:
-        raise RuntimeError("this node has not been set up for the run (no query.hello received since it started); "
-                           "the server sends query.hello to every new node at the start of each round")
+        raise NotSetUp("this node has not been set up for the run (no query.hello received since it started); "
+                       "the server sends query.hello to every new node at the start of each round")
     return context.state[_META]
 
 

@@ -43,6 +43,8 @@ def read_reply(content: RecordDict) -> Any:
     error = content["error"]
     if "client_id" in error:  # a site's data error: it names the client it holds
         return _SiteFailure(str(error["reason"]), int(error["client_id"]))
+    if error.get("type") == "NotSetUp":
+        return _NodeRestarted(str(error["reason"]))
     return TaskFailure(str(error["reason"]), str(error["stage"]) if "stage" in error else None)
 
 
@@ -52,6 +54,10 @@ class _SiteFailure(TaskFailure):
     def __init__(self, reason: str, client: int) -> None:
         super().__init__(reason)
         self.client = client
+
+
+class _NodeRestarted(TaskFailure):
+    """A node answered that it has had no ``query.hello`` since it started: it was restarted under its old node id."""
 
 
 class NodesMissing(UserError):
@@ -71,18 +77,22 @@ class FlowerClients(Clients):
             (default ``failures.timeout_s``, else no limit: a node that stops is reported by the SuperLink once it
             misses its heartbeats, about a minute); a node that has not replied by then fails the step.
         join_timeout_s: seconds to wait before round 0 for one node per client.
+        rejoin_timeout_s: seconds to wait at the start of a later round for the clients whose node left (0: none);
+            it stops as soon as each client has a node again. With SuperNode authentication a restarted node can
+            only come back once the SuperLink has marked its old session offline (2 missed heartbeats of 30 s).
 
     Raises:
         NodesMissing: a client has no node when the join before round 0 stops waiting.
     """
 
     def __init__(self, runner: Any, *, grid: Any, config_yaml: str, num_clients: int,
-                 reply_timeout_s: Optional[float] = None, join_timeout_s: float = 600.0) -> None:
+                 reply_timeout_s: Optional[float] = None, join_timeout_s: float = 600.0,
+                 rejoin_timeout_s: float = 0.0) -> None:
         self.runner, self.grid, self.config_yaml, self.n = runner, grid, config_yaml, num_clients
         self.console, self.recorder = runner.console, runner.recorder
         timeout = reply_timeout_s or runner.failure_cfg.timeout_s
         self.reply_timeout_s: Optional[float] = float(timeout) if timeout else None
-        self.join_timeout_s = join_timeout_s
+        self.join_timeout_s, self.rejoin_timeout_s = join_timeout_s, rejoin_timeout_s
         # names this run on the nodes' disks: a restarted node finds its model, a new run starts from round 0
         self.run_token = uuid.uuid4().hex[:16]
         self.node_of: dict[int, int] = {}  # client id -> node id
@@ -101,8 +111,9 @@ class FlowerClients(Clients):
         self.infos = [self.described[i] for i in range(self.n)]
 
     # ----------------------------------------------------------------- nodes
-    def _join(self, rnd: int, wait: bool) -> None:
-        """Greet every node the server has not seen yet; with ``wait``, until each client has a node.
+    def _join(self, rnd: int, wait: bool, refused: Optional[dict[int, str]] = None) -> None:
+        """Greet every node the server has not seen yet; with ``wait``, until each client has a node. A node in
+        ``refused`` (node id -> reason, filled here) is not asked again.
 
         With ``wait`` it stops waiting at ``join_timeout_s``, or earlier once at least as many nodes as clients are
         connected and every one of them has answered, some refusing (a wrong ``partition-id``, an unknown node config
@@ -115,7 +126,7 @@ class FlowerClients(Clients):
         """
         start = time.monotonic()
         deadline = start + (self.join_timeout_s if wait else 0.0)
-        refused: dict[int, str] = {}  # node id -> why it could not join (asked once per call)
+        refused = {} if refused is None else refused  # node id -> why it could not join (asked once per call)
         while True:
             present = set(self.grid.get_node_ids())
             for cid in [c for c, node in self.node_of.items() if node not in present]:
@@ -291,7 +302,9 @@ class FlowerClients(Clients):
             cid = by_node[node_id]
             steps, records = carried[cid]
             failed = isinstance(reply, TaskFailure)
-            if failed and reply.step is None and steps and reply.reason.startswith(("node ", "Flower error")):
+            # the node is gone (no reply), or restarted under its old id: it is greeted again next round
+            left = failed and (isinstance(reply, _NodeRestarted) or reply.reason.startswith(("node ", "Flower error")))
+            if left and reply.step is None and steps:
                 reply = TaskFailure(reply.reason, steps[0][0].stage)  # no reply: the first carried step is unfinished
             out[cid] = reply
             if not failed and steps:
@@ -313,7 +326,7 @@ class FlowerClients(Clients):
                 "received_bytes": sum(b[0] for b in received),
                 "received_serialized_bytes": sum(b[1] for b in received), "evaluation_bytes": evaluation,
                 "ok": not failed})
-            if failed and reply.reason.startswith(("node ", "Flower error")):
+            if left:
                 self.node_of.pop(cid, None)
         if self.recorder.run_dir is not None:
             self.recorder.run_dir.write_text("traffic.csv", format_csv(self.traffic))
@@ -333,7 +346,17 @@ class FlowerClients(Clients):
         self._failed = set()
         self._extra = {"evaluation": {}, "setup": dict(self._extra["setup"]) if rnd == 0 else {}}
         if rnd > 0:
-            self._join(rnd, wait=False)  # nodes restarted since the last round rejoin here
+            refused: dict[int, str] = {}  # asked once per round start: a hello starts a ClientApp on the node
+            self._join(rnd, wait=False, refused=refused)  # nodes restarted since the last round rejoin here
+            deadline = time.monotonic() + self.rejoin_timeout_s
+            if len(self.node_of) < self.n and self.rejoin_timeout_s > 0:
+                missing = sorted(set(range(self.n)) - set(self.node_of))
+                self.console.print(f"round {rnd}: waiting up to rejoin-timeout={self.rejoin_timeout_s:g} s for the "
+                                   f"node{'s' if len(missing) > 1 else ''} of client{'s' if len(missing) > 1 else ''} "
+                                   f"{', '.join(map(str, missing))}")
+            while len(self.node_of) < self.n and time.monotonic() < deadline:
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+                self._join(rnd, wait=False, refused=refused)
 
     def train(self, rnd: int, step: ClientStep, ids: list[int], targets: dict[int, Any]) -> dict[int, Any]:
         """Queue the step for each client: it travels with the client's next message, which replies its losses

@@ -11,6 +11,9 @@ as the clients. Its settings come from Flower's run config (``[tool.flwr.app.con
 - ``reply-timeout``: seconds a step waits for the nodes' replies (0: ``failures.timeout_s``, else 600);
 - ``join-timeout``: seconds to wait before round 0 for one node per client (it stops earlier, with the reason, once
   at least one node per client is connected and each has answered, some refusing);
+- ``rejoin-timeout``: seconds to wait at the start of a round for the clients whose node left (default 0: they fail
+  that round); it stops once each client has a node again. A node restarted under SuperNode authentication can come
+  back only after the SuperLink has marked its old session offline (2 missed heartbeats of 30 s);
 - ``node-state-dir``: where nodes keep their committed models when their node config gives no ``state-dir``;
 - ``public``: a deployment whose sites hold their own data (node config ``data=<folder>``): the public set U and
   the class list (``public.npz``, as ``cosmos-pl export-partition`` writes it). The server then loads no data set:
@@ -110,7 +113,8 @@ def main(grid: Grid, run_config: dict[str, Any]) -> None:
                               "--help)") from None
         transport = functools.partial(FlowerClients, grid=grid,
                                       reply_timeout_s=float(run_config.get("reply-timeout", 0)) or None,
-                                      join_timeout_s=float(run_config.get("join-timeout", 600)))
+                                      join_timeout_s=float(run_config.get("join-timeout", 600)),
+                                      rejoin_timeout_s=float(run_config.get("rejoin-timeout", 0)))
         server = None
         if run_config.get("public"):
             from cosmos_pl.data import load_public
