@@ -331,11 +331,11 @@ def hello(content: RecordDict, context: Context) -> RecordDict:
     check_node_config(context.node_config)  # before the run is built: a typo is refused in a moment
     cfg = content["config"]
     pid = context.node_config.get("partition-id")
-    if pid is None or int(pid) < 0:
-        raise ConfigError(f"node config partition-id={pid!r}: give each node its own client, 0..N-1 "
-                          f"(flower-supernode --node-config 'partition-id=0')")
+    if pid is None:
+        raise ConfigError("node config partition-id=None: give each node its own client, 0..N-1 "
+                          "(flower-supernode --node-config 'partition-id=0')")
     site = _site(context, cfg)
-    run = load_run(str(cfg["config_yaml"]), int(pid), _data_cache(context), site)  # refuses a pid >= N
+    run = load_run(str(cfg["config_yaml"]), int(pid), _data_cache(context), site)  # refuses a pid outside 0..N-1
     if site is None and run.fingerprint != str(cfg["public_fingerprint"]):
         raise ValueError(f"public set U differs: this node built U with fingerprint {run.fingerprint}, the server "
                          f"{cfg['public_fingerprint']}; give the node the same data and cosmos-pl version")
