@@ -11,10 +11,10 @@ import torch
 
 from cosmos_pl.algorithms import COSMOS
 from cosmos_pl.data import FashionMNIST, GroupDirichlet, build_federation
-from cosmos_pl.federated.client import ClientConfig
+from cosmos_pl.training.client import ClientConfig
 from cosmos_pl.federated.executor import ExecutorConfig
 from cosmos_pl.federated.runner import Runner
-from cosmos_pl.federated.stages import TrainerConfig
+from cosmos_pl.training.stages import TrainerConfig
 from cosmos_pl.transforms import Transformations
 
 LR_LABELS, LR_PSEUDO = 1e-3, 1e-4  # Appendix C: Adam 1e-3 on labels, 1e-4 on pseudo-labels (teachers too)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import LR_LABELS, LR_PSEUDO, build_runner, cosmos_round, emit  # noqa: E402
 
 from cosmos_pl.aggregation import aggregate  # noqa: E402
-from cosmos_pl.federated.stages import stage_seed  # noqa: E402
+from cosmos_pl.training.stages import stage_seed  # noqa: E402
 from cosmos_pl.losses import distillation_loss  # noqa: E402
 from cosmos_pl.transforms import prepare  # noqa: E402
 
@@ -53,7 +53,8 @@ def _predict(model, x, batch_size=1024):
 
 
 def bare_round(runner, rnd: int = 2) -> float:
-    cc, algo, t = runner.ccfg, runner.algorithm, runner.transformations
+    cc, algo, t = runner.ccfg, runner.algorithm, runner.runtime.transformations
+    clients = runner.clients.clients  # the in-process clients: models and data
 
     def ce(m, x, y):
         return F.cross_entropy(m(prepare(x, t, channels_last=True)), y)
@@ -64,10 +65,10 @@ def bare_round(runner, rnd: int = 2) -> float:
         return distillation_loss(logits[:b], target, logits[b:][None], algo.lambda_, w)[0]
 
     start = time.perf_counter()
-    for c in runner.clients:
+    for c in clients:
         _epochs(c.model, (c.data.x, c.data.y), cc.local_epochs, cc.batch_size, LR_LABELS, ce,
                 stage_seed(runner.seed, rnd, "local", c.id))
-    uploads = torch.stack([_predict(c.model, runner.public) for c in runner.clients])
+    uploads = torch.stack([_predict(c.model, runner.public) for c in clients])
     ones = torch.ones(len(runner.public))
     labels = []
     for k, members in enumerate(algo.clusters):
@@ -75,7 +76,7 @@ def bare_round(runner, rnd: int = 2) -> float:
         _epochs(algo.teachers[k], (runner.public, target, ones), algo.teacher_epochs, algo.teacher_batch_size,
                 LR_PSEUDO, kd, stage_seed(runner.seed, rnd, "teacher", k))
         labels.append(_predict(algo.teachers[k], runner.public))
-    for c in runner.clients:
+    for c in clients:
         _epochs(c.model, (runner.public, labels[algo.assignment[c.id]], ones), cc.distill_epochs, cc.batch_size,
                 LR_PSEUDO, kd, stage_seed(runner.seed, rnd, "distill", c.id))
     return time.perf_counter() - start

@@ -23,7 +23,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Literal, Optional, Union
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, lazy_instance
 
@@ -72,6 +72,9 @@ def build_fit_parser() -> ArgumentParser:
                         "runs with the same hash load them instead of training (cosmos-pl compare sets it).")
     p.add_argument("--rounds", type=int, default=3,
                    help="R: communication rounds after round 0 (COSMOS: round 1 is the PTC phase, rounds 2.. IFFT).")
+    p.add_argument("--evaluate_every", type=Union[int, Literal["final"]], default=1,
+                   help="Score the clients every this many rounds, or 'final': the final round only (round 0, the "
+                        "local-only baseline, and the final round are always scored).")
     p.add_argument("--headline_metric", type=Literal["top1", "top5"], default="top1",
                    help="The accuracy the headline, the best round and the comparison are judged by: top1, or top5 "
                         "(the paper's for Tiny ImageNet; needs M >= 20 classes); the other is reported beside it.")
@@ -107,6 +110,41 @@ _FLOWER_RUN = ("Submit a Flower run with flwr run's arguments ([APP] [SUPERLINK]
                "it, and exit 0 only when it completed (2 when it failed, was stopped or could not start).")
 
 
+def build_export_parser() -> ArgumentParser:
+    p = build_fit_parser()
+    p.description = ("Write the federation a `fit` config makes (its data set, partition, U and test sets; the seed) "
+                     "as folders: OUT/client_<i>/data.npz per client, OUT/public.npz for U and the class list. Give "
+                     "each site only its own folder (flower-supernode --node-config \"partition-id=<i> "
+                     "data='OUT/client_<i>'\"); `fit --data.dataset cosmos_pl.data.SiteFolders "
+                     "--data.dataset.root OUT` simulates the same federation from the folders.")
+    p.add_argument("--out", type=str, required=True, help="Folder to write the sites into (must be empty or new).")
+    return p
+
+
+def run_export(cfg: Namespace) -> list[Path]:
+    """``cosmos-pl export-partition``: build the federation without a validation split (each partition whole:
+    every site carves its own, seeded from (seed, client)) and write it (:func:`cosmos_pl.data.export_federation`).
+
+    Raises:
+        ConfigError: ``--out`` is a file or a folder with files in it.
+    """
+    import dataclasses
+
+    from cosmos_pl.data import export_federation
+
+    out = Path(cfg.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"--out={cfg.out!r}: {'is a file' if out.is_file() else 'is not empty'}; give a new or "
+                          "empty folder")
+    init = build_export_parser().instantiate(cfg)
+    validate_config(init)
+    _, federation = dataclasses.replace(init.data, validation_fraction=0.0).build(init.seed)
+    folders = export_federation(federation, out)
+    print(f"cosmos-pl: {len(folders)} site folders in {out} (client_0 .. client_{len(folders) - 1}), U "
+          f"({len(federation.public_x)} images) and the class list in {out / 'public.npz'}")
+    return folders
+
+
 @functools.lru_cache(maxsize=1)
 def build_parser() -> ArgumentParser:
     """The ``cosmos-pl`` parser with its subcommands; built once per process (parsing does not change it)."""
@@ -116,9 +154,14 @@ def build_parser() -> ArgumentParser:
     sub = parser.add_subcommands(required=True)
     sub.add_subcommand("fit", build_fit_parser(), help="Train one algorithm and write a run directory.")
     sub.add_subcommand("compare", build_compare_parser(), help="Compare algorithms over seeds and write a report.")
-    # listed for --help only: main() hands its arguments to cosmos_pl.flower.run before any parsing
+    sub.add_subcommand("export-partition", build_export_parser(),
+                       help="Write each simulated client's data (and U) as one folder per site, for a deployment.")
+    # listed for --help only: main() hands their arguments to cosmos_pl.flower.run / .keys before any parsing
     sub.add_subcommand("flower-run", ArgumentParser(description=_FLOWER_RUN),
                        help="flwr run that waits for the run and exits 2 unless it completed (flwr run's arguments).")
+    sub.add_subcommand("flower-keys", ArgumentParser(description="Make a deployment's TLS certificates and "
+                                                                 "SuperNode keys (--out DIR --host A --nodes N)."),
+                       help="The certificates and SuperNode keys of a TLS deployment with node authentication.")
     return parser
 
 
@@ -146,12 +189,16 @@ def _default_run_dir(cfg: Namespace) -> Path:
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run_fit(cfg: Namespace, parser: ArgumentParser, transport: Optional[Callable[..., Any]] = None) -> dict[str, Any]:
+def run_fit(cfg: Namespace, parser: ArgumentParser, transport: Optional[Callable[..., Any]] = None,
+            server: Any = None) -> dict[str, Any]:
     """Run one experiment from a parsed ``fit`` namespace; returns the summary dict.
 
-    ``transport``: builds the runner instead of :class:`~cosmos_pl.federated.runner.Runner` (the in-process
-    executor), with the same arguments plus ``config_yaml`` (the resolved config); :mod:`cosmos_pl.flower`'s
-    ServerApp passes its Flower runner here, so both transports share everything else.
+    ``transport``: ``(runner, config_yaml=..., num_clients=...) -> Clients``, the clients over another transport
+    than in-process (:mod:`cosmos_pl.flower`'s ServerApp passes its Flower clients), given the resolved config and
+    N; the round loop, records and everything else are shared. ``server``: with a transport, the server's data
+    (:class:`~cosmos_pl.federated.server_data.ServerData`: U and the class list) when the clients' data are their
+    own (a deployment): no data set is loaded here; without it the configured data set is loaded for U (and, in a
+    simulation, the clients').
 
     The run directory is locked for the whole run (:class:`~cosmos_pl.federated.locks.FolderLock`): a second
     process on it is refused, naming the first.
@@ -186,21 +233,21 @@ def run_fit(cfg: Namespace, parser: ArgumentParser, transport: Optional[Callable
         run_dir = RunDirectory.prepare(cfg.run_dir, cfg.overwrite) if cfg.run_dir else \
             RunDirectory.unique(_default_run_dir(cfg))
     try:
-        return _fit_in(run_dir, cfg, init, config_yaml, settings_hash, resume, resume_path, transport)
+        return _fit_in(run_dir, cfg, init, config_yaml, settings_hash, resume, resume_path, transport, server)
     finally:
         run_dir.release()
 
 
 def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, settings_hash: str,
             resume: Optional[dict[str, Any]], resume_path: Optional[Path],
-            transport: Optional[Callable[..., Any]]) -> dict[str, Any]:
+            transport: Optional[Callable[..., Any]], server: Any = None) -> dict[str, Any]:
     """:func:`run_fit` inside its locked run directory: tracker, data, runner, records, the final line."""
     from lightning.fabric.utilities.seed import seed_everything
     from rich.console import Console
 
     from cosmos_pl.federated import checkpoint
     from cosmos_pl.federated.recorder import Recorder
-    from cosmos_pl.federated.runner import Runner
+    from cosmos_pl.federated.runner import Runner, ServerData
     from cosmos_pl.report import plot_run, print_table
     from cosmos_pl.tracking import Tracker
 
@@ -212,28 +259,33 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
     try:
         seed_everything(init.seed, verbose=False)
         data_cfg: DataConfig = init.data
-        data, federation = data_cfg.build(init.seed)
-        validate_against_data(init, federation.num_classes)
+        if server is None:
+            data, federation = data_cfg.build(init.seed)
+            name = data.name
+            # over another transport the server keeps U and the class list only: the clients' data stay theirs
+            server = federation if transport is None else ServerData(federation.public_x, list(federation.classes))
+        else:  # a deployment: the sites hold their own data
+            name = f"{data_cfg.num_clients} sites' own data"
+        validate_against_data(init, len(server.classes))
         # written once the data is in: a run that failed to load its data leaves no result files behind
         if resume is None:
             run_dir.write_text("config.yaml", config_yaml)
-        run_dir.write_json("partition.json", {
-            "dataset": data.name, "num_classes": federation.num_classes, "classes": federation.classes,
-            "public_set_size": len(federation.public_x),
-            "test_set_sizes": [len(c.y_test) for c in federation.clients],
-            "validation_set_sizes": [0 if c.y_val is None else len(c.y_val) for c in federation.clients],
-            **federation.partition.to_json(federation.partition_labels, federation.num_classes),
-        })
-        console.print(f"[bold]cosmos-pl[/bold] {algorithm.name} on {data.name}: {len(federation.clients)} clients, "
-                      f"|U| = {len(federation.public_x)}, M = {federation.num_classes}; run directory {run_path}")
-        extra = {} if transport is None else {"config_yaml": config_yaml}
-        runner = (transport or Runner)(
-            federation, algorithm, init.clients, rounds=init.rounds, seed=init.seed,
+        console.print(f"[bold]cosmos-pl[/bold] {algorithm.name} on {name}: {data_cfg.num_clients} clients, "
+                      f"|U| = {len(server.public_x)}, M = {len(server.classes)}; run directory {run_path}")
+        runner = Runner(
+            server, algorithm, init.clients, rounds=init.rounds, seed=init.seed,
             transformations=init.transformations, trainer=init.trainer, executor=init.executor,
             communication=init.communication, recorder=Recorder(run_dir, tracker), console=console,
             failures=init.failures, checkpoints=init.checkpoint,
             checkpoint_meta={"config_hash": settings_hash, "wandb_run_id": tracker.run_id},
-            headline_metric=init.headline_metric, **extra)
+            headline_metric=init.headline_metric, evaluate_every=init.evaluate_every,
+            transport=None if transport is None else functools.partial(
+                transport, config_yaml=config_yaml, num_clients=init.data.num_clients))
+        infos, facts = runner.clients.infos, runner.clients.simulation()
+        run_dir.write_json("partition.json", {  # what the clients reported, and a simulation's partition
+            "dataset": name, "num_classes": len(server.classes), "classes": list(server.classes),
+            "public_set_size": len(server.public_x), "test_set_sizes": [c.test_size for c in infos],
+            "validation_set_sizes": [c.validation_size for c in infos], **(facts.partition if facts else {})})
         runner.last_checkpoint = resume_path
         try:
             summary = runner.run(Path(cfg.round0_cache) if cfg.round0_cache else None, _round0_key(cfg), resume)
@@ -249,7 +301,7 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
         tracker.finish()
     print_table(runner.recorder.rows, console, title=f"{algorithm.name}: personalized accuracy per round")
     plot_run(runner.recorder.rows, run_path / "accuracy_vs_round.png",
-             f"{algorithm.name} on {data.name}, seed {init.seed}: accuracy per round")
+             f"{algorithm.name} on {name}, seed {init.seed}: accuracy per round")
     console.print(final_line(summary, algorithm.scored) + f"; {summary['wall_seconds']:.0f} s. Files in {run_path}")
     return summary
 
@@ -352,13 +404,15 @@ def run(argv: list[str]) -> Any:
     """Parse ``argv`` (e.g. ``["fit", "--config", ...]``) and run it; returns ``fit``'s summary dict or
     ``compare``'s results."""
     parser = build_parser()
-    if argv and argv[0] in ("fit", "compare"):  # a class chosen in a config or a flag starts from its own defaults
+    if argv and argv[0] in ("fit", "compare", "export-partition"):  # a class chosen starts from its own defaults
         argv = [argv[0], *class_args(parser._subcommands_action._name_parser_map[argv[0]], argv[1:])]
     cfg = parser.parse_args(argv)
     sub = parser._subcommands_action._name_parser_map[cfg.subcommand]
     if cfg.subcommand == "fit":
         fit = _resume_config(cfg.fit, sub) if cfg.fit.resume else cfg.fit
         return run_fit(fit, sub)
+    if cfg.subcommand == "export-partition":
+        return run_export(cfg["export-partition"])
     from cosmos_pl.compare import run_compare
 
     return run_compare(cfg.compare, sub, build_fit_parser())
@@ -407,7 +461,11 @@ def main(argv: list[str] | None = None) -> int:
         from cosmos_pl.flower.run import main as flower_run
 
         return flower_run(args[1:], prog="cosmos-pl flower-run")
-    command = f" {args[0]}" if args and args[0] in ("fit", "compare") else ""
+    if args and args[0] == "flower-keys":
+        from cosmos_pl.flower.keys import main as flower_keys
+
+        return flower_keys(args[1:])
+    command = f" {args[0]}" if args and args[0] in ("fit", "compare", "export-partition") else ""
     # a scheduler's time limit or Ctrl-C: unwind, keep the last complete round, say how to resume, exit 143/130;
     # cosmos_pl.signals records the stop too, so one whose exception was lost still ends here
     previous = signals.install()

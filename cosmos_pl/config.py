@@ -26,9 +26,9 @@ from cosmos_pl.algorithms import Algorithm, algorithm_class
 from cosmos_pl.communication import CommunicationConfig
 from cosmos_pl.data import FashionMNIST, GroupDirichlet, ImageDataset, Partitioner
 from cosmos_pl.errors import ConfigError, check
-from cosmos_pl.federated.client import ClientConfig
+from cosmos_pl.training.client import ClientConfig
 from cosmos_pl.federated.executor import ExecutorConfig, resolve_devices
-from cosmos_pl.federated.trainer_config import TrainerConfig
+from cosmos_pl.training.config import TrainerConfig
 from cosmos_pl.transforms import Transformations
 
 __all__ = [
@@ -87,7 +87,10 @@ class DataConfig:
             DataError / FileNotFoundError: the data set cannot be loaded (naming the file or the fix).
         """
         from cosmos_pl.data import build_federation
+        from cosmos_pl.data.sites import SiteFolders
 
+        if isinstance(self.dataset, SiteFolders):  # an exported federation: its folders are the partition
+            return self.dataset, self.dataset.federation(self.num_clients, self.validation_fraction, seed)
         data = self.dataset.load()
         return data, build_federation(
             data, self.partitioner, self.num_clients, public_fraction=self.public_fraction,
@@ -197,6 +200,8 @@ def validate_config(init: Namespace) -> None:
     data: DataConfig = init.data
     clients: ClientConfig = init.clients
     check(init.rounds >= 1, "rounds", init.rounds, "must be >= 1 (rounds after round 0, which trains locally)")
+    every = init.get("evaluate_every", 1)
+    check(every == "final" or every >= 1, "evaluate_every", every, "must be >= 1 (every that many rounds) or 'final'")
     check_seed("seed", init.seed)
     check(data.public_fraction > 0 or not algorithm.uses_public, "data.public_fraction", data.public_fraction,
           f"must be > 0: {type(algorithm).__name__} exchanges pseudo-labels on the public set U (paper: 0.2)")

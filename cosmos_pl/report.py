@@ -113,7 +113,7 @@ def save_round_figure(fig: Any, ax: Any, path: Path, title: str, legend_fontsize
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from cosmos_pl.federated.run_directory import atomic_save_figure
+    from cosmos_pl.files import atomic_save_figure
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")

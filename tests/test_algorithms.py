@@ -16,7 +16,7 @@ from cosmos_pl.algorithms.fedmd import consensus_mean
 def teachers_learn_their_target_exactly(monkeypatch):
     """COSMOS's real teacher stage runs (aggregation, temperature, fit, prediction); only the Lightning fit is
     replaced by a 'perfect' one: the teacher then predicts exactly the target it was trained on."""
-    from cosmos_pl.federated import stages
+    from cosmos_pl.training import stages
 
     def fit_distillation(model, x, target, **kwargs):
         model.learned = target.clone()

@@ -30,9 +30,9 @@ from cosmos_pl.data import (
 )
 from cosmos_pl.errors import ConfigError, DataError, UserError
 from test_data import FixedCounts  # the hand-made partitioner of test_data.py
-from cosmos_pl.federated.client import ClientConfig
+from cosmos_pl.training.client import ClientConfig
 from cosmos_pl.federated.runner import Runner
-from cosmos_pl.federated.stages import TrainerConfig, evaluate
+from cosmos_pl.training.stages import TrainerConfig, evaluate
 from cosmos_pl.report import mean_sem
 
 CPU = TrainerConfig(accelerator="cpu", channels_last=False)
@@ -91,7 +91,7 @@ def test_round_mean_leaves_out_a_client_without_test_samples():
                      in_chans=1, image_shape=(8, 8))
     runner = Runner(fed, LocalOnly(), ClientConfig(backbones=["test_efficientnet"]), rounds=1, trainer=CPU)
     try:
-        for c in runner.clients:
+        for c in runner.clients.clients:  # the in-process clients' models
             c.model = AlwaysClassZero()
         row = runner.evaluate(0, "local-only")
     finally:

@@ -190,3 +190,18 @@ def test_round0_cache_key_names_what_decides_round0(repo_root):
     # later rounds' settings leave round 0 alone; pre-training's do not
     assert _round0_key(parser.parse_args(base + ["--clients.local_epochs", "7"])) == key
     assert _round0_key(parser.parse_args(base + ["--clients.pretrain_epochs", "7"])) != key
+
+
+@pytest.mark.slow
+def test_evaluate_every_final_scores_round_0_and_the_last_round_only(repo_root, tmp_path, small_digits_run):
+    # scoring draws no random numbers and changes no model: rounds 0 and 2 are the every-round run's own rows, and
+    # round 1 has no accuracy (empty, not 0)
+    run_dir = tmp_path / "final_only"
+    assert main(small_digits_argv(repo_root, run_dir, "--evaluate_every", "final")) == 0
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    every = list(csv.DictReader((small_digits_run / "metrics.csv").open()))
+    assert [r["round"] for r in rows] == ["0", "1", "2"]
+    assert rows[0] == every[0] and rows[2] == every[2]
+    accuracy = [k for k in rows[1] if k.endswith("_acc_mean") or k.endswith("_acc_sem")]
+    assert accuracy and all(rows[1][k] == "" for k in accuracy), {k: rows[1][k] for k in accuracy}
+    assert rows[1]["upload_bytes_per_client"] == every[1]["upload_bytes_per_client"]

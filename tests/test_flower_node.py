@@ -3,10 +3,11 @@
 What is checked by hand: byte counts of the arrays on the wire, the round trip of every client step and upload,
 a node's refusal of a wrong partition, a public set or an unknown node config key, the roll-back of a failed client,
 and a restarted node (a fresh Context, as after a crash) continuing from the model it committed on disk. The
-server's join (FlowerRunner._join) runs against these handlers with a stand-in for the grid: how long it waits, why
+server's join (FlowerClients) runs against these handlers with a stand-in for the grid: how long it waits, why
 it stops, and the refusals it records; the ServerApp's one-line refusal of a bad setting.
 """
 
+import functools
 import json
 import re
 import time
@@ -28,7 +29,9 @@ from cosmos_pl.federated.executor import TaskFailure  # noqa: E402
 from cosmos_pl.federated.recorder import Recorder  # noqa: E402
 from cosmos_pl.federated.run_directory import RunDirectory  # noqa: E402
 from cosmos_pl.flower import node, server_app, wire  # noqa: E402
-from cosmos_pl.flower.server import FlowerRunner, NodesMissing  # noqa: E402
+from cosmos_pl.federated.runner import Runner, ServerData  # noqa: E402
+from cosmos_pl.flower.server import FlowerClients, NodesMissing  # noqa: E402
+from cosmos_pl.training.steps import steps_from_wire, steps_to_wire  # noqa: E402
 from cosmos_pl.uploads import UploadSpec, check_upload  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_flower.yaml"
@@ -37,14 +40,16 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_flower.yaml"
 @pytest.mark.parametrize("step", [LocalFit(3), Distill(2, lam=5.0, num_views=2, freeze_bn=True, prior_correction=True),
                                   JointFit(1, lam=0.5), UnionFit(4)])
 def test_every_client_step_survives_the_wire(step):
-    config = wire.step_to_config(step)
+    target = None if isinstance(step, LocalFit) else torch.eye(3)
+    config, arrays = steps_to_wire([(step, target)])
     ConfigRecord(config)  # only values a ConfigRecord accepts
-    assert wire.config_to_step(config) == step
+    (back, back_target), = steps_from_wire(config, arrays)
+    assert back == step and (back_target is None if target is None else torch.equal(back_target, target))
 
 
 def test_unknown_step_names_the_version_mismatch():
     with pytest.raises(ValueError, match="different cosmos-pl versions"):
-        wire.config_to_step({"step": "Teleport"})
+        steps_from_wire({"steps": 1, "s0.step": "Teleport"}, {})
 
 
 def test_top_k_upload_round_trip_and_its_bytes():
@@ -81,7 +86,7 @@ def _hello(run_yaml, context, fingerprint=None, token="run-a"):
 
 def _msg(rnd, steps=(), **config):
     """A message of round ``rnd`` carrying training ``steps`` [(step, target or None)] ahead of its own request."""
-    step_config, step_arrays = wire.steps_to_record(list(steps))
+    step_config, step_arrays = steps_to_wire(list(steps))
     content = RecordDict({"config": ConfigRecord({"round": rnd, **config, **step_config})})
     if step_arrays:
         content["arrays"] = wire.tensors_to_record(step_arrays)
@@ -103,8 +108,8 @@ def test_node_refuses_a_partition_out_of_range_or_another_public_set(run_yaml, t
         node.pseudo_labels(_upload(1, "f" * 16), ctx)
 
 
-_KEYS_HINT = ("a node reads partition-id, state-dir, threads (flower-supernode --node-config \"partition-id=0 "
-              "state-dir='/var/lib/cosmos-pl' threads=4\")")
+_KEYS_HINT = ("a node reads partition-id, data, state-dir, threads (flower-supernode --node-config \"partition-id=0 "
+              "data='/srv/site_0' state-dir='/var/lib/cosmos-pl' threads=4\")")
 
 
 def test_node_refuses_an_unknown_node_config_key_naming_the_close_match(run_yaml, tmp_path):
@@ -163,21 +168,21 @@ def test_a_step_before_hello_says_what_is_missing(tmp_path):
 
 def test_co_training_targets_travel_as_one_byte_labels():
     target = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    config, arrays = wire.steps_to_record([(UnionFit(1), target)])
+    config, arrays = steps_to_wire([(UnionFit(1), target)])
     assert arrays["s0.labels"].dtype == torch.uint8 and arrays["s0.labels"].tolist() == [1, 0]  # 2 bytes, as FedCT counts
-    assert torch.equal(wire.record_to_steps(config, arrays)[0][1], target)
+    assert torch.equal(steps_from_wire(config, arrays)[0][1], target)
 
 
 def test_steps_and_targets_travel_in_order():
     target = torch.rand(4, 3)
-    config, arrays = wire.steps_to_record([(LocalFit(2), None), (Distill(1, lam=5.0), target)])
+    config, arrays = steps_to_wire([(LocalFit(2), None), (Distill(1, lam=5.0), target)])
     assert config["steps"] == 2 and set(arrays) == {"s1.target"}
-    back = wire.record_to_steps(config, arrays)
+    back = steps_from_wire(config, arrays)
     assert back[0] == (LocalFit(2), None) and back[1][0] == Distill(1, lam=5.0) and torch.equal(back[1][1], target)
 
 
 class _Grid:
-    """What FlowerRunner._join asks of Flower's Grid: the connected node ids."""
+    """What FlowerClients' join asks of Flower's Grid: the connected node ids."""
 
     def __init__(self, nodes):
         self.nodes = nodes
@@ -186,39 +191,41 @@ class _Grid:
         return list(self.nodes)
 
 
-def _runner(run_yaml, tmp_path, contexts, join_timeout_s):
-    """A FlowerRunner whose hello messages are answered by node.hello on ``contexts`` ({node id: Context}), an
+class _HelloClients(FlowerClients):
+    """FlowerClients whose hello messages are answered by node.hello on the test's contexts ({node id: Context}), an
     exception becoming the error reply the ClientApp sends (``"<type>: <message>"``)."""
-    parser = build_fit_parser()
-    init = parser.instantiate(parser.parse_string(run_yaml))
-    _, federation = init.data.build(init.seed)
-    runner = FlowerRunner(federation, init.algorithm, init.clients, rounds=init.rounds,
-                          seed=init.seed, trainer=init.trainer, executor=init.executor, console=Console(quiet=True),
-                          recorder=Recorder(RunDirectory.prepare(tmp_path / "run")), grid=_Grid(contexts),
-                          config_yaml=run_yaml, join_timeout_s=join_timeout_s)
 
-    def send(message_type, contents, timeout=None):
+    def _send(self, message_type, contents, timeout=None):
         assert message_type == wire.HELLO
         out = {}
         for node_id, content in contents.items():
             try:
-                out[node_id] = node.hello(content, contexts[node_id])
+                out[node_id] = node.hello(content, self.grid.nodes[node_id])
             except Exception as err:
                 out[node_id] = TaskFailure(f"{type(err).__name__}: {err}")
         return out
 
-    runner._send = send
-    return runner
+
+def _runner(run_yaml, tmp_path, contexts, join_timeout_s):
+    """A Runner whose clients are the nodes of ``contexts``: it joins them as it is built."""
+    parser = build_fit_parser()
+    init = parser.instantiate(parser.parse_string(run_yaml))
+    _, federation = init.data.build(init.seed)
+    transport = functools.partial(_HelloClients, grid=_Grid(contexts), config_yaml=run_yaml, num_clients=6,
+                                  join_timeout_s=join_timeout_s)
+    return Runner(ServerData(federation.public_x, federation.classes), init.algorithm, init.clients,
+                  rounds=init.rounds, seed=init.seed, trainer=init.trainer, executor=init.executor,
+                  console=Console(quiet=True), recorder=Recorder(RunDirectory.prepare(tmp_path / "run")),
+                  transport=transport)
 
 
 def test_join_stops_early_once_every_node_answered_and_records_the_refusal(run_yaml, tmp_path):
     # 6 clients; 6 nodes connected: 0..4 as configured, the sixth with a misspelt partition-id
     contexts = {100 + i: _context(tmp_path / "nodes", i) for i in range(5)}
     contexts[105] = _context(tmp_path / "nodes", 5, key="partiton-id")
-    runner = _runner(run_yaml, tmp_path, contexts, join_timeout_s=60)
     start = time.monotonic()
     with pytest.raises(NodesMissing) as err:
-        runner._join(0, wait=True)
+        _runner(run_yaml, tmp_path, contexts, join_timeout_s=60)
     took = time.monotonic() - start
     assert took < 30  # not the 60 s join timeout: every node had answered
     reason = f"ConfigError: unknown node config key 'partiton-id' (did you mean 'partition-id'?): {_KEYS_HINT}"
@@ -237,10 +244,9 @@ def test_join_stops_early_once_every_node_answered_and_records_the_refusal(run_y
 
 def test_join_waits_the_whole_timeout_for_a_missing_node_and_says_so(run_yaml, tmp_path):
     contexts = {100 + i: _context(tmp_path / "nodes", i) for i in range(5)}  # client 5 has no node
-    runner = _runner(run_yaml, tmp_path, contexts, join_timeout_s=1.5)
     start = time.monotonic()
     with pytest.raises(NodesMissing) as err:
-        runner._join(0, wait=True)
+        _runner(run_yaml, tmp_path, contexts, join_timeout_s=1.5)
     took = time.monotonic() - start
     waited = float(re.search(r"\((\d+\.\d) s\)", str(err.value)).group(1))
     assert 1.5 <= waited <= took + 0.05  # the real wait (printed to 0.1 s), at least the timeout
@@ -310,3 +316,14 @@ def test_client_app_replies_a_failing_step_as_an_error_record_with_its_stage(mon
         "type": "StepFailed", "reason": "RuntimeError: loss is nan", "stage": "client distillation"}
     ok = client_app._reply(message, None, lambda content, context: RecordDict({"ok": ConfigRecord({"v": 2})}))
     assert dict(ok.content["ok"]) == {"v": 2} and "error" not in ok.content
+
+
+def test_a_node_restarted_under_its_old_id_is_read_as_a_node_that_left(tmp_path):
+    # under SuperNode authentication a restarted node keeps its node id; its first message finds no query.hello
+    from cosmos_pl.flower.client_app import HANDLERS, respond
+    from cosmos_pl.flower.server import _NodeRestarted, read_reply
+
+    content = RecordDict({"config": ConfigRecord({"round": 2, "public_fingerprint": "f" * 16})})
+    reply = read_reply(respond(HANDLERS["query.pseudo_labels"], content, _context(tmp_path, 2)))
+    assert isinstance(reply, _NodeRestarted) and reply.step is None
+    assert reply.reason.startswith("NotSetUp: this node has not been set up for the run (no query.hello received")

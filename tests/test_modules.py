@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from cosmos_pl.federated.stages import TrainerConfig, evaluate, fit_distillation, fit_supervised, predict_probs
+from cosmos_pl.training.stages import TrainerConfig, evaluate, fit_distillation, fit_supervised, predict_probs
 from cosmos_pl.modules import DistillationModule, default_optimizer
 from cosmos_pl.transforms import Transformations
 

@@ -104,7 +104,7 @@ def test_an_unreadable_newest_checkpoint_is_skipped_with_a_warning(killed, tmp_p
 def test_checkpoints_hold_tensors_and_plain_values_only(killed):
     # weights_only loading refuses anything that would run code; the file carries what a resume needs
     state = torch.load(killed / "checkpoints" / "round-0001.pt", weights_only=True)
-    assert state["round"] == 1 and len(state["clients"]) == 5 and state["config_hash"]
+    assert state["round"] == 1 and len(state["clients"]["models"]) == 5 and state["config_hash"]
     assert state["algorithm"]["clusters"] and len(state["algorithm"]["teachers"]) == len(state["algorithm"]["clusters"])
     assert [r["round"] for r in state["records"]["rows"]] == [0, 1]
 

@@ -145,15 +145,15 @@ def test_a_read_only_run_directory_is_one_line_before_any_data_is_loaded(repo_ro
 @pytest.mark.slow
 def test_a_full_disk_while_writing_a_checkpoint_is_one_line_with_the_resume_line(repo_root, tmp_path, capsys,
                                                                                    monkeypatch):
-    from cosmos_pl.federated import run_directory
+    from cosmos_pl import files
 
     run = tmp_path / "run"
-    real = run_directory._create
+    real = files._create
 
     def full_disk_for_round_2(path):  # the device itself answers ENOSPC, as a full disk does (/dev/full)
         return os.open("/dev/full", os.O_WRONLY) if path.name.startswith(".round-0002.pt") else real(path)
 
-    monkeypatch.setattr(run_directory, "_create", full_disk_for_round_2)
+    monkeypatch.setattr(files, "_create", full_disk_for_round_2)
     assert main(_quick_fit(repo_root, run, "--rounds", "3")) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
@@ -161,6 +161,6 @@ def test_a_full_disk_while_writing_a_checkpoint_is_one_line_with_the_resume_line
                    f"free space there, or move the run directory to a disk with room; rounds 0..1 are saved in "
                    f"{run}/checkpoints: resume once fixed with `cosmos-pl fit --resume {run}`")
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["round-0000.pt", "round-0001.pt"]
-    monkeypatch.setattr(run_directory, "_create", real)  # space freed: the resume finishes the run
+    monkeypatch.setattr(files, "_create", real)  # space freed: the resume finishes the run
     assert main(["fit", "--resume", str(run)]) == 0
     assert (run / "summary.json").is_file()

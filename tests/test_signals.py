@@ -16,9 +16,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
 from cosmos_pl import cli, signals
-from cosmos_pl.federated import client_steps, stages
+from cosmos_pl.training import stages
+from cosmos_pl.training import steps as client_steps
 from cosmos_pl.federated.executor import Executor, ExecutorConfig
-from cosmos_pl.federated.stages import TrainerConfig, fit_supervised
+from cosmos_pl.training.stages import TrainerConfig, fit_supervised
 from cosmos_pl.modules import default_optimizer
 from cosmos_pl.signals import Interrupted
 

@@ -19,7 +19,7 @@ from torch import nn
 from cosmos_pl.cli import run
 from cosmos_pl.errors import ConfigError, DivergenceError, UserError
 from cosmos_pl.federated.failures import RoundFailed
-from cosmos_pl.federated.stages import TrainerConfig, evaluate, fit_distillation, fit_joint, fit_supervised, \
+from cosmos_pl.training.stages import TrainerConfig, evaluate, fit_distillation, fit_joint, fit_supervised, \
     predict_probs
 from cosmos_pl.modules import default_optimizer
 from cosmos_pl.transforms import Transformations
@@ -310,7 +310,7 @@ def test_backbones_are_dry_run_on_the_data_shape_and_the_random_state_is_kept():
 ])
 def test_cli_backbone_that_cannot_take_8x8_digits_fails_before_any_training(repo_root, tmp_path, monkeypatch,
                                                                            flags, key):
-    import cosmos_pl.federated.client_steps as client_steps
+    import cosmos_pl.training.steps as client_steps
 
     def no_training(*args, **kwargs):
         raise AssertionError("a client trained before the backbones were checked")

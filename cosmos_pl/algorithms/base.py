@@ -5,7 +5,7 @@ the executor, evaluation and the records. An algorithm only says, per round, whi
 (:meth:`Algorithm.plan`), turns the uploads it received into per-client targets (:meth:`Algorithm.server_step`),
 names the models scored for each client (:meth:`Algorithm.eval_models`) and keeps its own state
 (:meth:`Algorithm.state_dict`). This follows Flower's configure/aggregate split and FL-bench's small
-per-method classes (shared/notes/architecture.md).
+per-method classes.
 
 A round is an ordered list of steps. At most one :class:`Upload` appears; the server step runs right after
 it, and every later step that needs targets reads the ones it returned. A client without a target (it did
@@ -15,85 +15,19 @@ not upload, or it belongs to no cluster yet) skips those steps this round.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional
 
 import torch
 from torch import nn
 
 from cosmos_pl.errors import check
+# the client steps of a plan; their client behaviour and wire encoding live with them
+from cosmos_pl.training.steps import Distill, JointFit, LoadWeights, LocalFit, Step, UnionFit, Upload
 
 __all__ = [
     "Algorithm", "FederationContext", "ServerResult",
     "LocalFit", "Upload", "Distill", "JointFit", "UnionFit", "LoadWeights", "Step", "check_setting",
 ]
-
-
-# --------------------------------------------------------------------------- client steps
-@dataclass(frozen=True)
-class LocalFit:
-    """Cross-entropy on the client's own labelled data D_i for ``epochs`` epochs (``clients.optimizer``)."""
-
-    epochs: int
-
-
-@dataclass(frozen=True)
-class Upload:
-    """What each client sends to the server.
-
-    ``kind``: ``"soft"`` pseudo-labels on U ``[n, M]`` (encoded per ``communication``), ``"hard"`` class indices
-    on U ``[n]`` (1 byte each for M <= 256, else 2; the server sees them as one-hot rows), or ``"weights"``
-    (the float tensors of the model's state dict, FedAvg only).
-    """
-
-    kind: Literal["soft", "hard", "weights"] = "soft"
-
-
-@dataclass(frozen=True)
-class Distill:
-    """Distillation on U to the client's target ``[n, M]``: KL batchmean + ``lam`` * r_B (COSMOS Eq. 2).
-
-    ``lam = 0`` is plain KL distillation (FedMD's digest). Uses ``clients.distill_optimizer``. ``augment`` and
-    ``freeze_bn``: see :class:`cosmos_pl.modules.DistillationModule`. ``prior_correction``: each client first
-    shifts its target to its own label prior (:func:`cosmos_pl.losses.adjust_to_prior`).
-    """
-
-    epochs: int
-    lam: float = 0.0
-    num_views: int = 1
-    target_grad: bool = False
-    augment: bool = False
-    freeze_bn: bool = False
-    prior_correction: bool = False
-
-
-@dataclass(frozen=True)
-class JointFit:
-    """Per step: cross-entropy on a batch of D_i plus ``lam`` * KL(target || f(u)) on a batch of U (COMET).
-
-    An epoch is one pass over D_i; U batches of the same size are drawn in reshuffled passes over U.
-    Uses ``clients.optimizer``.
-    """
-
-    epochs: int
-    lam: float
-
-
-@dataclass(frozen=True)
-class UnionFit:
-    """Cross-entropy on D_i together with U labelled by the argmax of the target (FedCT's co-training).
-
-    Uses ``clients.optimizer``.
-    """
-
-    epochs: int
-
-
-@dataclass(frozen=True)
-class LoadWeights:
-    """Replace the client's weights by the server's (FedAvg); the target is a state dict."""
-
-
-Step = Union[LocalFit, Upload, Distill, JointFit, UnionFit, LoadWeights]
 
 
 # --------------------------------------------------------------------------- what the runner gives
@@ -110,7 +44,7 @@ class FederationContext:
         backbones: each client's architecture name, ``[N]``.
         client_sizes: |D_i| per client, ``[N]`` (FedAvg weights its average by them).
         seed: the experiment seed.
-        stage_seed: ``(round, stage, id) -> int``, the seed of one stage (see ``federated.stages.stage_seed``).
+        stage_seed: ``(round, stage, id) -> int``, the seed of one stage (see ``cosmos_pl.training.config.stage_seed``).
         make_backbone: ``(name, seed) -> nn.Module``, a Kaiming-initialized backbone for this data.
         run_tasks: ``(round, stage, tasks, costs, trains) -> [(model, output)]``: runs independent training
             or inference tasks on the executor (timed, shown in the progress display).

@@ -46,7 +46,7 @@ def teacher_stage(model: nn.Module, cluster_labels: torch.Tensor, aggregation: s
         DivergenceError: the teacher's training or its pseudo-labels are non-finite.
     """
     target = apply_temperature(aggregate(cluster_labels, aggregation), temperature)
-    from cosmos_pl.federated.stages import fit_distillation, predict_probs  # Lightning: only where a teacher trains
+    from cosmos_pl.training.stages import fit_distillation, predict_probs  # Lightning: only where a teacher trains
 
     losses = fit_distillation(model, x, target, **fit)
     return predict_probs(model, x, fit["trainer"], fit.get("where", "inference")), losses

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from cosmos_pl.federated.run_directory import atomic_write_text
+from cosmos_pl.files import atomic_write_text
 from cosmos_pl.report import METRIC_LABEL, mean_sem, round_figure, save_round_figure
 
 __all__ = ["PairResult", "AlgorithmRow", "summarize", "overlaps", "paired_interval", "write_report",

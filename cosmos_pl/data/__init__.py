@@ -17,6 +17,7 @@ from .datasets import (
     get_dataset,
 )
 from .federation import MIN_TRAIN_SAMPLES, ClientData, Federation, build_federation
+from .sites import SiteFolders, export_federation, load_public, load_site
 from .partition import (
     IID,
     Dirichlet,
@@ -55,4 +56,8 @@ __all__ = [
     "ClientData",
     "Federation",
     "build_federation",
+    "SiteFolders",
+    "export_federation",
+    "load_public",
+    "load_site",
 ]

@@ -9,7 +9,7 @@ A federation that cannot be trained is refused here, before any training: every 
 needs at least ``MIN_TRAIN_SAMPLES`` = 2 training samples and a non-empty U at least 2
 samples, because BatchNorm (in every backbone) normalizes over the batch in training mode
 and fails on a batch of one sample. Larger sets never produce a batch of one: the training
-loaders drop a last batch of one sample (``cosmos_pl.federated.stages``).
+loaders drop a last batch of one sample (``cosmos_pl.training.stages``).
 """
 
 from __future__ import annotations

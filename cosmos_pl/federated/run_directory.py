@@ -11,17 +11,15 @@ permission is a :class:`~cosmos_pl.errors.UserError` naming the file (:class:`Wr
 
 from __future__ import annotations
 
-import errno
 import json
 import math
-import os
-import secrets
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from cosmos_pl.errors import ConfigError, UserError
+from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.locks import FolderLock, unwritable
+from cosmos_pl.files import WriteFailed, atomic_save, atomic_save_figure, atomic_write_text
 
 __all__ = ["RunDirectory", "RESULT_FILES", "RUN_FILES", "WriteFailed", "atomic_write_text", "atomic_save",
            "atomic_save_figure"]
@@ -31,88 +29,6 @@ RESULT_FILES = ("config.yaml", "partition.json", "clusters.json", "metrics.csv",
 # Everything a run writes: --overwrite removes all of it, so nothing of the old run is left (compare's pair.yaml
 # and log.txt, and any file of the user's, are not a run's and stay).
 RUN_FILES = (*RESULT_FILES, "accuracy_vs_round.png", "traffic.csv", "nodes.json", "checkpoints", "wandb")
-
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
-
-
-class WriteFailed(UserError):
-    """A result or checkpoint file could not be written: the disk is full, or the folder is not writable."""
-
-
-def _write_error(path: Path, err: BaseException) -> Optional[WriteFailed]:
-    """The user's error behind a failed write (no space, no permission, a read-only file system), else None.
-
-    torch's writer may raise a RuntimeError whose message carries the OS error in its middle, with the OSError
-    as its cause or context: both are looked at."""
-    seen: Optional[BaseException] = err
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in _NO_SPACE:
-            return WriteFailed(f"no space left on the disk of {path.parent} while writing {path.name}: free space "
-                               "there, or move the run directory to a disk with room")
-        if isinstance(seen, OSError) and seen.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            return WriteFailed(f"cannot write {path} ({seen.strerror}): make {path.parent} writable, or move the "
-                               "run directory")
-        if "No space left on device" in str(seen):
-            return WriteFailed(f"no space left on the disk of {path.parent} while writing {path.name}: free space "
-                               "there, or move the run directory to a disk with room")
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _create(path: Path) -> int:
-    """Create ``path`` for writing, as open() creates files: mode 0o666 less the umask (tempfile.mkstemp would
-    force 0o600)."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-
-
-def _atomic_write(path: Path, write: Callable[[Any], None], mode: str) -> None:
-    """Call ``write(file)`` on a temporary file in ``path``'s folder, fsync it, then ``os.replace`` it onto
-    ``path``: a reader sees the old file or the whole new one, never half of it.
-
-    Raises:
-        WriteFailed: no space or no permission (the temporary file is removed; ``path`` is untouched).
-    """
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        while True:
-            tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
-            try:
-                fd = _create(tmp)
-                break
-            except FileExistsError:
-                continue
-    except OSError as err:
-        raise _write_error(path, err) or err from None
-    try:
-        with os.fdopen(fd, mode, **({"encoding": "utf-8", "newline": ""} if "b" not in mode else {})) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        tmp.unlink(missing_ok=True)
-        failed = _write_error(path, err) if isinstance(err, Exception) else None
-        if failed is not None:
-            raise failed from None
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temporary file, fsync, rename)."""
-    _atomic_write(path, lambda f: f.write(text), "w")
-
-
-def atomic_save(obj: Any, path: Path) -> None:
-    """``torch.save(obj)`` to ``path`` atomically (temporary file, fsync, rename)."""
-    import torch
-
-    _atomic_write(path, lambda f: torch.save(obj, f), "wb")
-
-
-def atomic_save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
-    """A matplotlib figure to ``path`` as PNG atomically (temporary file, fsync, rename)."""
-    _atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi), "wb")
-
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):

@@ -1,10 +1,12 @@
 """cosmos-pl on Flower: the same algorithms and client steps across machines, only pseudo-labels on the wire.
 
-Two transports run one implementation of each algorithm: the in-process executor (``cosmos-pl fit``) and Flower
-(this package). The ``ServerApp`` (:mod:`cosmos_pl.flower.server_app`) drives the same runner, round loop, upload
-checks, aggregation and records as ``cosmos-pl fit``; the ``ClientApp`` (:mod:`cosmos_pl.flower.client_app`) runs
-the same client steps (:mod:`cosmos_pl.federated.client_steps`) on the node that holds the client's data, and
-keeps the client's model there between rounds (node state, plus a checkpoint on the node's disk).
+Two transports run one implementation of each algorithm, behind one interface
+(:class:`~cosmos_pl.federated.clients.Clients`): in-process clients (``cosmos-pl fit``) and Flower nodes (this
+package: :class:`~cosmos_pl.flower.server.FlowerClients`). The ``ServerApp`` (:mod:`cosmos_pl.flower.server_app`)
+drives the same round loop, upload checks, aggregation and records as ``cosmos-pl fit``; the ``ClientApp``
+(:mod:`cosmos_pl.flower.client_app`) runs the same client runtime (:mod:`cosmos_pl.training.steps`) on the node that
+holds the client's data, and keeps the client's model there between rounds (node state, plus a checkpoint on the
+node's disk).
 ``cosmos-pl flower-run`` (:mod:`cosmos_pl.flower.run`) is ``flwr run`` that waits for the run and exits
 non-zero unless it completed.
 

@@ -1,15 +1,18 @@
-"""The server side over Flower: the same runner, with client steps sent to nodes instead of the executor.
+"""The clients of a deployment: each on its own Flower node, behind the same interface as in-process clients.
 
-:class:`FlowerRunner` overrides only the runner's four transport methods (train, uploads, load weights, scores);
-the round loop, upload checks, aggregation, teachers, records and checkpoints are :class:`Runner`'s. Each message
-goes out with ``grid.send_and_receive``; an error reply or a missing reply (``reply_timeout_s``) fails that client
-for the round with the reason, and the round goes on with the others (``failures``).
+:class:`FlowerClients` implements :class:`~cosmos_pl.federated.clients.Clients`: the round loop
+(:class:`~cosmos_pl.federated.runner.Runner`) is the one every transport runs. Each message goes out with
+``grid.send_and_receive``; an error reply or a missing reply (``reply_timeout_s``) fails that client for the round with
+the reason, and the round goes on with the others (``failures``). A client's training steps are queued and ride on
+its next message (two messages per client and round). At the end of a round each node scores its own model and the
+models the server sends it for the purpose (COSMOS: its cluster teacher, as its architecture's name and weights),
+on its own test and validation splits, and commits its model; those weights are counted as ``evaluation`` bytes,
+apart from the protocol's. The server holds no client's data or model.
 
-Nodes join by ``query.hello`` at the start of every round: a node the server has not seen (a new one, or one
-restarted after a crash, which comes back under a new node id) says which client it holds, the round its model
-was last committed and that model's digest; the server records, and prints, whether the digest is the one the
-client reported when it last committed (``nodes.json``). A node whose scores reply was lost still commits its model,
-so such a client may rejoin with a newer model than the server recorded: the join says so. Every message's bytes are recorded per client and round (``traffic.csv``).
+Nodes join by ``query.hello`` (before round 0, then at the start of every round for new or restarted nodes): a node
+says which client it holds, its architecture and sizes, the round its model was last committed and that model's
+digest; the server records, and prints, whether the digest is the one the client reported when it last committed
+(``nodes.json``). Every message's bytes are recorded per client and round (``traffic.csv``).
 """
 
 from __future__ import annotations
@@ -18,18 +21,43 @@ import time
 import uuid
 from typing import Any, Optional
 
+import torch
 from flwr.app import ConfigRecord, Message, RecordDict
+from torch import nn
 
-from cosmos_pl.algorithms.base import LocalFit
 from cosmos_pl.errors import ConfigError, UserError
-from cosmos_pl.federated.client_steps import stage_of
+from cosmos_pl.federated.clients import ClientInfo, Clients, Scores
 from cosmos_pl.federated.executor import TaskFailure
 from cosmos_pl.federated.recorder import format_csv
-from cosmos_pl.federated.runner import Runner
 from cosmos_pl.flower import wire
 from cosmos_pl.flower.node import unpack_scores
+from cosmos_pl.training.steps import ClientStep, LocalFit, encode_upload, steps_to_wire
 
-__all__ = ["FlowerRunner", "NodesMissing"]
+__all__ = ["FlowerClients", "NodesMissing", "read_reply"]
+
+
+def read_reply(content: RecordDict) -> Any:
+    """A node's reply content, or the client's failure it reports (``cosmos_pl.flower.client_app.respond``)."""
+    if "error" not in content:
+        return content
+    error = content["error"]
+    if "client_id" in error:  # a site's data error: it names the client it holds
+        return _SiteFailure(str(error["reason"]), int(error["client_id"]))
+    if error.get("type") == "NotSetUp":
+        return _NodeRestarted(str(error["reason"]))
+    return TaskFailure(str(error["reason"]), str(error["stage"]) if "stage" in error else None)
+
+
+class _SiteFailure(TaskFailure):
+    """A node's hello refused with the client it holds: its site's own data cannot be used."""
+
+    def __init__(self, reason: str, client: int) -> None:
+        super().__init__(reason)
+        self.client = client
+
+
+class _NodeRestarted(TaskFailure):
+    """A node answered that it has had no ``query.hello`` since it started: it was restarted under its old node id."""
 
 
 class NodesMissing(UserError):
@@ -37,37 +65,55 @@ class NodesMissing(UserError):
     and some refused."""
 
 
-class FlowerRunner(Runner):
-    """A :class:`Runner` whose clients live on Flower nodes.
+class FlowerClients(Clients):
+    """The run's clients on Flower nodes (see the module docstring); joins them before returning.
 
-    Args (besides :class:`Runner`'s):
+    Args:
+        runner: the round loop (its console, records, U's fingerprint, upload encoding, timer and failure policy).
         grid: the ServerApp's ``Grid``.
         config_yaml: the run's resolved config, sent to every node in ``query.hello``.
+        num_clients: N, the clients to wait for (one node each).
         reply_timeout_s: seconds to wait for the replies of one message, which may carry several training steps
             (default ``failures.timeout_s``, else no limit: a node that stops is reported by the SuperLink once it
             misses its heartbeats, about a minute); a node that has not replied by then fails the step.
         join_timeout_s: seconds to wait before round 0 for one node per client.
+        rejoin_timeout_s: seconds to wait at the start of a later round for the clients whose node left (0: none);
+            it stops as soon as each client has a node again. With SuperNode authentication a restarted node can
+            only come back once the SuperLink has marked its old session offline (2 missed heartbeats of 30 s).
+
+    Raises:
+        NodesMissing: a client has no node when the join before round 0 stops waiting.
     """
 
-    def __init__(self, *args: Any, grid: Any, config_yaml: str, reply_timeout_s: Optional[float] = None,
-                 join_timeout_s: float = 600.0, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.grid, self.config_yaml = grid, config_yaml
-        timeout = reply_timeout_s or self.failure_cfg.timeout_s
+    def __init__(self, runner: Any, *, grid: Any, config_yaml: str, num_clients: int,
+                 reply_timeout_s: Optional[float] = None, join_timeout_s: float = 600.0,
+                 rejoin_timeout_s: float = 0.0) -> None:
+        self.runner, self.grid, self.config_yaml, self.n = runner, grid, config_yaml, num_clients
+        self.console, self.recorder = runner.console, runner.recorder
+        timeout = reply_timeout_s or runner.failure_cfg.timeout_s
         self.reply_timeout_s: Optional[float] = float(timeout) if timeout else None
-        self.join_timeout_s = join_timeout_s
+        self.join_timeout_s, self.rejoin_timeout_s = join_timeout_s, rejoin_timeout_s
         # names this run on the nodes' disks: a restarted node finds its model, a new run starts from round 0
         self.run_token = uuid.uuid4().hex[:16]
         self.node_of: dict[int, int] = {}  # client id -> node id
         self.reported: dict[int, tuple[int, str]] = {}  # client id -> (round, digest) of its last commit
+        self.described: dict[int, ClientInfo] = {}
         self._pending: dict[int, list] = {}  # client id -> training steps to send with its next message
+        self._failed: set[int] = set()  # clients failed this round (their node rolls back at its end)
+        self._extra: dict[str, dict[int, int]] = {"evaluation": {}, "setup": {}}  # this round's bytes per client
         self.traffic: list[dict[str, Any]] = []
         self.joins: list[dict[str, Any]] = []
         self.join_failures: list[dict[str, Any]] = []  # the nodes that refused to join: round, node id, reason
+        self.broken: dict[int, str] = {}  # clients whose site's data cannot be used: why
+        self.identity_of: dict[int, str] = {}  # client id -> the identity of the node that first held it
+        self._needs_public: set[int] = set()  # sites that have not got U yet
+        self._join(0, wait=True)
+        self.infos = [self.described[i] for i in range(self.n)]
 
     # ----------------------------------------------------------------- nodes
-    def _join(self, rnd: int, wait: bool) -> None:
-        """Greet every node the server has not seen yet; with ``wait``, until each client has a node.
+    def _join(self, rnd: int, wait: bool, refused: Optional[dict[int, str]] = None) -> None:
+        """Greet every node the server has not seen yet; with ``wait``, until each client has a node. A node in
+        ``refused`` (node id -> reason, filled here) is not asked again.
 
         With ``wait`` it stops waiting at ``join_timeout_s``, or earlier once at least as many nodes as clients are
         connected and every one of them has answered, some refusing (a wrong ``partition-id``, an unknown node config
@@ -80,16 +126,16 @@ class FlowerRunner(Runner):
         """
         start = time.monotonic()
         deadline = start + (self.join_timeout_s if wait else 0.0)
-        n = len(self.clients)
-        refused: dict[int, str] = {}  # node id -> why it could not join (asked once per call)
+        refused = {} if refused is None else refused  # node id -> why it could not join (asked once per call)
         while True:
             present = set(self.grid.get_node_ids())
             for cid in [c for c, node in self.node_of.items() if node not in present]:
                 del self.node_of[cid]  # its node left
             new = sorted(present - set(self.node_of.values()) - set(refused))  # online nodes only (Flower)
             if new:
-                config = {"config_yaml": self.config_yaml, "public_fingerprint": self.fingerprint,
-                          "run_token": self.run_token}
+                config = {"config_yaml": self.config_yaml, "public_fingerprint": self.runner.fingerprint,
+                          "run_token": self.run_token, "classes": list(self.runner.server.classes),
+                          "public_shape": [int(v) for v in self.runner.public.shape]}
                 hello = RecordDict({"config": ConfigRecord(config)})
                 # a node's first message starts its ClientApp (imports, data): before round 0 it may take the whole
                 # join timeout; later (a restarted node) the reply timeout
@@ -100,13 +146,14 @@ class FlowerRunner(Runner):
                         refused[node_id] = reason
                         self.join_failures.append({"round": rnd, "node_id": node_id, "reason": reason})
                         self._write_nodes()
-            if not wait or len(self.node_of) == n:
+            self._send_public(rnd)
+            if not wait or len(self.node_of) == self.n:
                 return
             now = time.monotonic()
             waited = now - start
-            answered = len(present) >= n and len(self.node_of) + len(refused) >= len(present)
+            answered = len(present) >= self.n and len(self.node_of) + len(refused) >= len(present)
             if answered or now >= deadline:
-                missing = sorted(set(range(n)) - set(self.node_of))
+                missing = sorted(set(range(self.n)) - set(self.node_of))
                 if answered:
                     why = (f"all {len(present)} connected nodes answered within {waited:.1f} s and {len(refused)} "
                            f"refused, so the server stopped waiting before join-timeout={self.join_timeout_s:g} s")
@@ -115,27 +162,75 @@ class FlowerRunner(Runner):
                            f"{len(present)} node{'s' if len(present) != 1 else ''} connected")
                 first = next(iter(refused.items()), None)
                 refusal = "" if first is None else f"; node {first[0]} could not join: {first[1]}"
-                raise NodesMissing(f"only {len(self.node_of)} of {n} clients joined (missing: {missing}): {why}; "
+                raise NodesMissing(f"only {len(self.node_of)} of {self.n} clients joined (missing: {missing}): {why}; "
                                    f"start one SuperNode per client with --node-config 'partition-id=<client>' "
                                    f"against this SuperLink{refusal}")
             time.sleep(max(0.0, min(1.0, deadline - time.monotonic())))
+
+    def _send_public(self, rnd: int, chunk_bytes: int = 4 << 20) -> None:
+        """Send U, in chunks of about ``chunk_bytes``, to the sites that do not have it; they keep it by its
+        fingerprint. Counted as each such client's setup bytes. A site that fails to take it is asked again when
+        it next joins (its client fails the round's steps meanwhile)."""
+        todo = sorted(c for c in self._needs_public if c in self.node_of and c not in self.broken)
+        if not todo:
+            return
+        x = self.runner.public
+        rows = max(1, chunk_bytes // max(1, x[0].numel() * x.element_size()))
+        for start in range(0, len(x), rows):
+            record = wire.tensors_to_record({"x": x[start:start + rows]})
+            config = {"public_fingerprint": self.runner.fingerprint, "start": start, "rows": len(x)}
+            content = {self.node_of[c]: RecordDict({"config": ConfigRecord(config), "arrays": record}) for c in todo}
+            sent = wire.array_bytes(record)[0]
+            for node_id, reply in self._send(wire.PUBLIC, content).items():
+                cid = next(c for c in todo if self.node_of[c] == node_id)
+                self._extra["setup"][cid] = self._extra["setup"].get(cid, 0) + sent
+                if isinstance(reply, TaskFailure):
+                    self.console.print(f"round {rnd}: client {cid} could not take U: {reply.reason}")
+                    todo.remove(cid)
+                    self.node_of.pop(cid, None)  # greeted again, and sent U again, when it rejoins
+        self._needs_public -= set(todo)
 
     def _write_nodes(self) -> None:
         self.recorder.write_json("nodes.json", {"clients": {str(c): n for c, n in sorted(self.node_of.items())},
                                                 "joins": self.joins, "join_failures": self.join_failures})
 
     def _greeted(self, rnd: int, node_id: int, reply: Any) -> Optional[str]:
-        """Record a node's hello reply; returns why it could not join, or None."""
+        """Record a node's hello reply; returns why it could not join, or None. A site whose own data cannot be
+        used holds its client all the same: that client fails every round with the reason (the run goes on)."""
+        if isinstance(reply, _SiteFailure) and 0 <= reply.client < self.n and reply.client not in self.node_of:
+            cid = reply.client
+            self.node_of[cid], self.broken[cid] = node_id, reply.reason
+            names = self.runner.ccfg.backbones
+            self.described[cid] = ClientInfo(cid, names[cid % len(names)], 0, 0, 0, 0)
+            self.console.print(f"round {rnd}: client {cid} (node {node_id}) cannot use its data: {reply.reason}")
+            self._write_nodes()
+            return None
         if isinstance(reply, TaskFailure):
             self.console.print(f"round {rnd}: node {node_id} could not join: {reply.reason}")
             return reply.reason
         info = reply["config"]
         cid = int(info["client_id"])
+        identity = str(info.get("identity", ""))
+        if self.identity_of.get(cid, identity) != identity:
+            reason = (f"client {cid} was first held by another node (identity {self.identity_of[cid][:8]}...), and "
+                      f"node {node_id} (identity {identity[:8]}...) claims it: a client id stays with the node that "
+                      "held it (restart that node on its own state-dir, or give this one its own partition-id)")
+            self.console.print(f"round {rnd}: {reason}")
+            return reason
         if cid in self.node_of:
             reason = f"client {cid} is already held by node {self.node_of[cid]}, and node {node_id} says it holds it too"
             self.console.print(f"round {rnd}: {reason}; ignoring it (give each node its own partition-id)")
             return reason
+        if not 0 <= cid < self.n:
+            return f"client {cid} is not a client of this run (0..{self.n - 1})"
         self.node_of[cid] = node_id
+        self.identity_of[cid] = identity
+        self.broken.pop(cid, None)
+        if not bool(info.get("has_public", True)):
+            self._needs_public.add(cid)
+        self.described[cid] = ClientInfo(cid, str(info["backbone"]), int(info["train_size"]), int(info["test_size"]),
+                                         int(info["validation_size"]), int(info["parameters"]))
+        self._extra["setup"][cid] = self._extra["setup"].get(cid, 0) + len(self.config_yaml.encode())
         committed, digest = int(info["committed_round"]), str(info["digest"])
         last = self.reported.get(cid)
         intact = None if last is None else last == (committed, digest)
@@ -165,11 +260,8 @@ class FlowerRunner(Runner):
                 continue
             if reply.has_error():
                 out[src] = TaskFailure(f"Flower error {reply.error.code}: {reply.error.reason}")
-            elif "error" in reply.content:
-                error = reply.content["error"]
-                out[src] = TaskFailure(str(error["reason"]), str(error["stage"]) if "stage" in error else None)
             else:
-                out[src] = reply.content
+                out[src] = read_reply(reply.content)
         for node_id in nodes:
             if node_id not in out:
                 out[node_id] = TaskFailure(f"node {node_id} sent no reply within {timeout or 0:g} s (stopped or "
@@ -178,23 +270,27 @@ class FlowerRunner(Runner):
 
     def _exchange(self, rnd: int, stage: str, message_type: str,
                   requests: dict[int, tuple[dict[str, Any], dict[str, Any]]]) -> dict[int, Any]:
-        """Send each listed client's request ``(config, arrays)`` to its node, with the training steps queued for it
-        (:meth:`_client_train`); ``{client id: reply content or TaskFailure}``. The queued steps' losses are kept;
-        bytes each way are recorded per client (``traffic.csv``); a client whose node did not reply loses its node
-        (it is greeted again at the start of the next round, or replaced by a restarted node)."""
+        """Send each listed client's request ``(config, arrays)`` to its node, with the training steps queued for it;
+        ``{client id: reply content or TaskFailure}``. The queued steps' losses go to the round's records; bytes each
+        way are recorded per client (``traffic.csv``); arrays named ``eval.*`` are evaluation bytes. A client whose
+        node did not reply loses its node (it is greeted again at the start of the next round)."""
         start = time.perf_counter()
         out: dict[int, Any] = {}
         contents, by_node, carried = {}, {}, {}
         for cid, (config, tensors) in requests.items():
             steps = self._pending.pop(cid, [])
+            if cid in self.broken:  # nothing to ask: its site's data cannot be used
+                out[cid] = TaskFailure(f"its site's data cannot be used: {self.broken[cid]}",
+                                       steps[0][0].stage if steps else None)
+                continue
             if cid not in self.node_of:
                 out[cid] = TaskFailure("no node holds this client (it left and has not rejoined)",
-                                       stage_of(steps[0][0]) if steps else None)
+                                       steps[0][0].stage if steps else None)
                 continue
-            step_config, step_arrays = wire.steps_to_record(steps)
+            step_config, step_arrays = steps_to_wire(steps)
             content = RecordDict({"config": ConfigRecord({"round": rnd, **config, **step_config})})
             arrays = {**tensors, **step_arrays}
-            records = {k: wire.tensors_to_record(v) for k, v in arrays.items() if isinstance(v, dict)}  # FedAvg
+            records = {k: wire.tensors_to_record(v) for k, v in arrays.items() if isinstance(v, dict)}  # weights
             flat = {k: v for k, v in arrays.items() if not isinstance(v, dict)}
             if flat:
                 records["arrays"] = wire.tensors_to_record(flat)
@@ -206,29 +302,35 @@ class FlowerRunner(Runner):
             cid = by_node[node_id]
             steps, records = carried[cid]
             failed = isinstance(reply, TaskFailure)
-            if failed and reply.step is None and steps and reply.reason.startswith(("node ", "Flower error")):
-                reply = TaskFailure(reply.reason, stage_of(steps[0][0]))  # no reply: the first carried step is unfinished
+            # the node is gone (no reply), or restarted under its old id: it is greeted again next round
+            left = failed and (isinstance(reply, _NodeRestarted) or reply.reason.startswith(("node ", "Flower error")))
+            if left and reply.step is None and steps:
+                reply = TaskFailure(reply.reason, steps[0][0].stage)  # no reply: the first carried step is unfinished
             out[cid] = reply
             if not failed and steps:
                 try:
                     self._keep_losses(rnd, cid, steps, reply["losses"])
                 except (KeyError, TypeError, ValueError) as err:  # another version's reply: this client fails
                     reply = out[cid] = TaskFailure(f"rejected: malformed reply ({type(err).__name__}: {err})",
-                                                   stage_of(steps[0][0]))
+                                                   steps[0][0].stage)
                     failed = True
-            sent = [wire.array_bytes(r) for r in records.values()]
+            sent = {k: wire.array_bytes(r) for k, r in records.items()}
+            protocol = [b for k, b in sent.items() if not k.startswith("eval.")]
+            evaluation = sum(b[0] for k, b in sent.items() if k.startswith("eval."))
+            self._extra["evaluation"][cid] = self._extra["evaluation"].get(cid, 0) + evaluation
             received = [] if failed else [wire.array_bytes(reply[k]) for k in ("arrays",) if k in reply]
             self.traffic.append({
                 "round": rnd, "client": cid, "message": message_type,
-                "stages": "+".join([stage_of(st) for st, _ in steps] + [stage]),
-                "sent_bytes": sum(b[0] for b in sent), "sent_serialized_bytes": sum(b[1] for b in sent),
+                "stages": "+".join([st.stage for st, _ in steps] + [stage]),
+                "sent_bytes": sum(b[0] for b in protocol), "sent_serialized_bytes": sum(b[1] for b in protocol),
                 "received_bytes": sum(b[0] for b in received),
-                "received_serialized_bytes": sum(b[1] for b in received), "ok": not failed})
-            if failed and reply.reason.startswith(("node ", "Flower error")):
+                "received_serialized_bytes": sum(b[1] for b in received), "evaluation_bytes": evaluation,
+                "ok": not failed})
+            if left:
                 self.node_of.pop(cid, None)
         if self.recorder.run_dir is not None:
             self.recorder.run_dir.write_text("traffic.csv", format_csv(self.traffic))
-        self.timer.add(rnd, stage, time.perf_counter() - start)
+        self.runner.run_tasks.timer.add(rnd, stage, time.perf_counter() - start)
         return out
 
     def _keep_losses(self, rnd: int, cid: int, steps: list, losses: Any) -> None:
@@ -236,111 +338,118 @@ class FlowerRunner(Runner):
             prefix = f"s{j}."
             parts = {k[len(prefix):]: float(v) for k, v in losses.items() if k.startswith(prefix)}
             if parts:
-                self._client_losses.setdefault(stage_of(step), {})[cid] = parts
-        self._settle_losses(rnd)
+                self.runner.state.keep(step.stage, cid, parts)
+        self.runner.state.settle(rnd)
 
-    # ----------------------------------------------------------------- the transport
-    def _client_train(self, rnd: int, stage: str, ids: list[int], step: Any,
-                      targets: dict[int, Any]) -> dict[int, Any]:
+    # ----------------------------------------------------------------- the interface
+    def begin_round(self, rnd: int) -> None:
+        self._failed = set()
+        self._extra = {"evaluation": {}, "setup": dict(self._extra["setup"]) if rnd == 0 else {}}
+        if rnd > 0:
+            refused: dict[int, str] = {}  # asked once per round start: a hello starts a ClientApp on the node
+            self._join(rnd, wait=False, refused=refused)  # nodes restarted since the last round rejoin here
+            deadline = time.monotonic() + self.rejoin_timeout_s
+            if len(self.node_of) < self.n and self.rejoin_timeout_s > 0:
+                missing = sorted(set(range(self.n)) - set(self.node_of))
+                self.console.print(f"round {rnd}: waiting up to rejoin-timeout={self.rejoin_timeout_s:g} s for the "
+                                   f"node{'s' if len(missing) > 1 else ''} of client{'s' if len(missing) > 1 else ''} "
+                                   f"{', '.join(map(str, missing))}")
+            while len(self.node_of) < self.n and time.monotonic() < deadline:
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+                self._join(rnd, wait=False, refused=refused)
+
+    def train(self, rnd: int, step: ClientStep, ids: list[int], targets: dict[int, Any]) -> dict[int, Any]:
         """Queue the step for each client: it travels with the client's next message, which replies its losses
         (or its failure, recorded then under this step's stage)."""
         for i in ids:
             self._pending.setdefault(i, []).append((step, None if isinstance(step, LocalFit) else targets[i]))
         return {i: [] for i in ids}
 
-    def _client_uploads(self, rnd: int, kind: str, ids: list[int]) -> dict[int, Any]:
+    def pretrain(self, epochs: int, cache: Any = None, key: str = "") -> dict[int, Any]:
+        """Round 0 on the nodes (no round-0 cache: the models are theirs)."""
+        return self.train(0, LocalFit(epochs), list(range(self.n)), {}) if epochs > 0 else {}
+
+    def upload(self, rnd: int, kind: str, ids: list[int]) -> dict[int, Any]:
+        """The arrays each node sent, their declared names, shapes and dtypes checked before any is decoded
+        (:func:`wire.check_declared`)."""
         if kind == "weights":
             out = {}
             for i, r in self._exchange(rnd, "weights", wire.WEIGHTS, {i: ({}, {}) for i in ids}).items():
                 try:
+                    if not isinstance(r, TaskFailure):
+                        wire.check_declared(r["arrays"], {k: (tuple(v.shape), str(v.numpy().dtype)) for k, v in
+                                                          self.runner._reference(i).items()})
                     out[i] = r if isinstance(r, TaskFailure) else wire.record_to_tensors(r["arrays"])
                 except (KeyError, TypeError, ValueError) as err:
                     out[i] = TaskFailure(f"rejected: malformed upload ({type(err).__name__}: {err})", "upload")
             return out
-        config = {"kind": kind, "dtype": self.comm.upload_dtype, "top_k": self.comm.top_k or 0,
-                  "public_fingerprint": self.fingerprint}
+        comm, server = self.runner.comm, self.runner.server
+        config = {"kind": kind, "dtype": comm.upload_dtype, "top_k": comm.top_k or 0,
+                  "public_fingerprint": self.runner.fingerprint}
+        # what an honest upload declares: the encoding of [n, M] pseudo-labels
+        honest = encode_upload(torch.full((len(self.runner.public), server.num_classes), 1.0 / server.num_classes),
+                               kind, comm, self.runner.fingerprint)
+        expected = {k: (tuple(t.shape), str(t.numpy().dtype)) for k, t in
+                    (("values", honest.values), ("indices", honest.indices)) if t is not None}
         out: dict[int, Any] = {}
         for i, r in self._exchange(rnd, "pseudo-labels", wire.PSEUDO_LABELS, {i: (config, {}) for i in ids}).items():
             if isinstance(r, TaskFailure):
                 out[i] = TaskFailure(r.reason, r.step or "pseudo-labels")
                 continue
             try:
+                wire.check_declared(r["arrays"], expected)
                 out[i] = wire.record_to_payload(r["arrays"], dict(r["config"]))
             except (KeyError, TypeError, ValueError) as err:  # malformed: rejected like a bad upload
                 out[i] = TaskFailure(f"rejected: malformed upload ({type(err).__name__}: {err})", "upload")
         return out
 
-    def _client_load_weights(self, rnd: int, states: dict[int, Any]) -> dict[int, Any]:
+    def load_weights(self, rnd: int, states: dict[int, dict[str, Any]]) -> dict[int, Any]:
         replies = self._exchange(rnd, "load weights", wire.LOAD_WEIGHTS,
                                  {i: ({}, {"weights": dict(s)}) for i, s in states.items()})
         return {i: r if isinstance(r, TaskFailure) else None for i, r in replies.items()}
 
-    def _client_scores(self, rnd: int) -> dict[tuple[int, str], dict[str, dict[str, float]]]:
-        """Each node runs its queued steps, scores its own f_i and commits its model; the server scores its own
-        models for each client (COSMOS: the cluster teacher h_pi(i)) on the client's test split, which it rebuilt
-        from the config.
+    def fail(self, rnd: int, client: int) -> None:
+        self._failed.add(client)  # its node rolls back to its committed model at the end of the round
 
-        Raises:
-            RoundFailed: with the failures of the queued steps, fewer than ``failures.min_fraction`` of the clients
-                finished the round: the run stops there, as in-process (the nodes have already committed their
-                models of this round, which a new run does not read).
-        """
-        replies = self._exchange(rnd, "evaluation", wire.SCORES,
-                                 {c.id: ({"failed": c.id in self._failed}, {}) for c in self.clients})
-        for cid, reply in list(replies.items()):
-            info: dict[str, Any] = {}
+    def end_round(self, rnd: int, models: dict[int, dict[str, nn.Module]], evaluate: bool) -> tuple[Scores,
+                                                                                                     dict[int, Any]]:
+        """Each node runs its queued steps, keeps its model (or rolls back: the server says so, or a step failed
+        there) and, with ``evaluate``, scores its own f_i and the models sent with the message on its own splits."""
+        requests = {}
+        for c in range(self.n):
+            config: dict[str, Any] = {"failed": c in self._failed, "evaluate": evaluate,
+                                      "final": rnd == self.runner.rounds}
+            tensors: dict[str, Any] = {}
+            for name, model in (models.get(c, {}) if evaluate else {}).items():
+                config[f"eval.{name}.backbone"] = str(getattr(model, "backbone_name"))
+                tensors[f"eval.{name}"] = {k: v.detach().cpu() for k, v in model.state_dict().items()
+                                           if v.is_floating_point()}
+            config["eval"] = ",".join(sorted(models.get(c, {}))) if evaluate else ""
+            requests[c] = (config, tensors)
+        replies = self._exchange(rnd, "evaluation", wire.SCORES, requests)
+        scores: Scores = {}
+        failures: dict[int, Any] = {}
+        for cid, reply in replies.items():
             if not isinstance(reply, TaskFailure):
                 try:
                     info = dict(reply["config"])
-                    reply = replies[cid] = (unpack_scores(reply["metrics"]), str(info["digest"]))
+                    per_split, digest = unpack_scores(reply["metrics"]), str(info["digest"])
                 except (KeyError, TypeError, ValueError) as err:  # another version's reply
-                    reply = replies[cid] = TaskFailure(f"rejected: malformed reply ({type(err).__name__}: {err})")
-            if cid in self._failed:
-                continue
-            if isinstance(reply, TaskFailure):
-                self._fail(rnd, cid, reply.step or "evaluation", reply.reason)
-            elif "failed_step" in info:  # a queued step failed on the node: the client failed the round
-                self._fail(rnd, cid, str(info["failed_step"]), str(info["failure"]))
-        self._settle_losses(rnd)
-        self._check_fraction(rnd)  # too many failed: the round is not committed, as in-process
-        tasks, keys = [], []
-        for c in self.clients:
-            models = self.algorithm.eval_models(c.id)
-            for split, task in self.steps.evaluate(c, rnd, models) if models else []:
-                tasks.append(task)
-                keys.append((c.id, split))
-        server = {key: out for key, (_, out) in zip(keys, self.run_tasks(rnd, "evaluation", tasks))}
-        nan = {"top1": float("nan"), **({"top5": float("nan")} if self.fed.num_classes >= 20 else {})}
-        scores: dict[tuple[int, str], dict[str, dict[str, float]]] = {}
-        for c in self.clients:
-            reply = replies[c.id]
-            own: dict[str, Any] = {}
-            if not isinstance(reply, TaskFailure):
-                own, digest = reply
-                self.reported[c.id] = (rnd, digest)
-            for split, _ in self.steps.evaluate(c, rnd, {}):
-                scores[(c.id, split)] = {"client": own.get(split, {}).get("client", nan),
-                                         **server.get((c.id, split), {})}
-        return scores
+                    reply = TaskFailure(f"rejected: malformed reply ({type(err).__name__}: {err})")
+                else:
+                    self.reported[cid] = (rnd, digest)
+                    scores.update({(cid, split): named for split, named in per_split.items()})
+                    if "failed_step" in info:  # a queued step failed on the node: the client failed the round
+                        failures[cid] = TaskFailure(str(info["failure"]), str(info["failed_step"]))
+                    continue
+            if cid not in self._failed:
+                failures[cid] = TaskFailure(reply.reason, reply.step or "evaluation")
+        return scores, failures
 
-    # ----------------------------------------------------------------- rounds
-    def pretrain(self, cache: Any = None, key: str = "") -> None:
-        """Wait for one node per client, then round 0 on the nodes (no round-0 cache: the models are theirs)."""
-        self._join(0, wait=True)
-        super().pretrain(None, key)
-
-    def train_round(self, rnd: int) -> dict[str, int]:
-        self._join(rnd, wait=False)  # nodes restarted since the last round rejoin here
-        return super().train_round(rnd)
+    def bytes(self, rnd: int) -> dict[str, int]:
+        return {kind: max(per.values(), default=0) for kind, per in self._extra.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Raises ConfigError: a run over Flower is not resumed (its client models live on the nodes)."""
         raise ConfigError("--resume: a run over Flower cannot be resumed (the client models live on the nodes, which "
                           "start a new run from round 0); start a new run")
-
-    def state_dict(self) -> dict[str, Any]:
-        """The server's state only: the client models are on the nodes (each keeps its own checkpoint)."""
-        state = super().state_dict()
-        state["clients"] = []
-        return state
-

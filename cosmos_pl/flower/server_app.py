@@ -1,8 +1,8 @@
 """The Flower ``ServerApp``: ``cosmos-pl fit`` with its clients on Flower nodes.
 
 Its main parses the same YAML configs as ``cosmos-pl fit`` and calls the same :func:`cosmos_pl.cli.run_fit`
-(run directory, config.yaml, metrics.csv, summary.json, W&B) with :class:`~cosmos_pl.flower.server.FlowerRunner`
-as the runner. Its settings come from Flower's run config (``[tool.flwr.app.config]`` in pyproject.toml, or
+(run directory, config.yaml, metrics.csv, summary.json, W&B) with :class:`~cosmos_pl.flower.server.FlowerClients`
+as the clients. Its settings come from Flower's run config (``[tool.flwr.app.config]`` in pyproject.toml, or
 ``flwr run . --run-config "config='configs/digits_flower.yaml' run-dir='runs/x'"``):
 
 - ``config``: the YAML config (a path relative to the working directory or to the project);
@@ -11,14 +11,24 @@ as the runner. Its settings come from Flower's run config (``[tool.flwr.app.conf
 - ``reply-timeout``: seconds a step waits for the nodes' replies (0: ``failures.timeout_s``, else 600);
 - ``join-timeout``: seconds to wait before round 0 for one node per client (it stops earlier, with the reason, once
   at least one node per client is connected and each has answered, some refusing);
-- ``node-state-dir``: where nodes keep their committed models when their node config gives no ``state-dir``.
+- ``rejoin-timeout``: seconds to wait at the start of a round for the clients whose node left (default 0: they fail
+  that round); it stops once each client has a node again. A node restarted under SuperNode authentication can come
+  back only after the SuperLink has marked its old session offline (2 missed heartbeats of 30 s);
+- ``node-state-dir``: where nodes keep their committed models when their node config gives no ``state-dir``;
+- ``public``: a deployment whose sites hold their own data (node config ``data=<folder>``): the public set U and
+  the class list (``public.npz``, as ``cosmos-pl export-partition`` writes it). The server then loads no data set:
+  it holds U, the class list and what each node reports of its client, never a client's data; each node is sent U
+  once (its own disk keeps it by fingerprint). Empty: every node takes its partition of the configured data set.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import shlex
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +71,58 @@ def fit_argv(run_config: dict[str, Any]) -> list[str]:
     return argv + shlex.split(str(run_config.get("args", "")))
 
 
+_AUDIT = "COSMOS_PL_AUDIT_OPENS"  # test-only: a file to list every path this process opens in (nothing reads it)
+
+
+def _audit_opens() -> None:
+    """With ``$COSMOS_PL_AUDIT_OPENS`` set, append every path this process opens to that file (Python's audit
+    hooks, :func:`sys.addaudithook`): how a test shows that the server never opens a client's file."""
+    path = os.environ.get(_AUDIT)
+    if not path or getattr(_audit_opens, "installed", False):
+        return
+    _audit_opens.installed = True
+    log = open(path, "a", buffering=1)
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+            log.write(f"{os.fsdecode(args[0])}\n")
+
+    sys.addaudithook(hook)
+
+
+@contextlib.contextmanager
+def _task_keepalive(grid: Grid, every_s: float = 5.0):
+    """A second task heartbeat to the SuperLink while the ServerApp runs, one that survives every error.
+
+    Flower 1.42's own sender (``flwr.supercore.heartbeat.HeartbeatSender``, every ~20 s) retries only transport
+    errors and HTTP 503/504: any other HTTP error ends its thread, and 60 s later the SuperLink fails the whole run
+    with "No heartbeat received from the task" (seen once in a loaded test run: ``tests/test_flower_deployment.py``).
+    A heartbeat is idempotent, so a second sender costs one small request per ``every_s`` seconds. A grid without
+    a runtime client (``flwr.simulation``'s in-memory grid) needs none.
+    """
+    send = getattr(getattr(grid, "_runtime_client", None), "SendTaskHeartbeat", None)
+    if send is None:
+        yield
+        return
+    from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest  # pylint: disable=no-name-in-module
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            try:
+                send(SendTaskHeartbeatRequest())
+            except Exception:  # noqa: BLE001 - keep beating; Flower's own sender reports its errors
+                pass
+
+    thread = threading.Thread(target=beat, name="cosmos-pl task keepalive", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
 def main(grid: Grid, run_config: dict[str, Any]) -> None:
     """Run ``cosmos-pl fit`` over the nodes connected to ``grid``.
 
@@ -69,13 +131,14 @@ def main(grid: Grid, run_config: dict[str, Any]) -> None:
             that did not join, a round that failed (also printed as one ``cosmos-pl: error:`` line, which Flower's
             run status repeats: ``flwr ls --run-id``).
     """
+    _audit_opens()
     try:
         argv = fit_argv(run_config)  # before the imports of torch and Lightning: a missing config fails at once
         from jsonargparse import ArgumentError
 
         from cosmos_pl.class_groups import parse_args
         from cosmos_pl.cli import build_fit_parser, run_fit
-        from cosmos_pl.flower.server import FlowerRunner
+        from cosmos_pl.flower.server import FlowerClients
 
         parser = build_fit_parser()
         try:
@@ -83,10 +146,18 @@ def main(grid: Grid, run_config: dict[str, Any]) -> None:
         except ArgumentError as err:  # an unknown key or a wrong type, as cosmos-pl fit reports it
             raise ConfigError(f"{err} (run config 'config' and 'args' are cosmos-pl fit's; options: cosmos-pl fit "
                               "--help)") from None
-        transport = functools.partial(FlowerRunner, grid=grid,
+        transport = functools.partial(FlowerClients, grid=grid,
                                       reply_timeout_s=float(run_config.get("reply-timeout", 0)) or None,
-                                      join_timeout_s=float(run_config.get("join-timeout", 600)))
-        run_fit(cfg, parser, transport)
+                                      join_timeout_s=float(run_config.get("join-timeout", 600)),
+                                      rejoin_timeout_s=float(run_config.get("rejoin-timeout", 0)))
+        server = None
+        if run_config.get("public"):
+            from cosmos_pl.data import load_public
+            from cosmos_pl.federated.server_data import ServerData
+
+            server = ServerData(*load_public(_config_path(str(run_config["public"]))))
+        with _task_keepalive(grid):
+            run_fit(cfg, parser, transport, server)
     except UserError as err:
         print(f"cosmos-pl: error: {' '.join(str(err).split())}", flush=True)
         raise

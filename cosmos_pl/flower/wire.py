@@ -5,18 +5,26 @@ Messages (Flower's Message API, one ``RecordDict`` each way):
 =======================  ==========================================================  ==============================
 message type             server -> node                                              node -> server
 =======================  ==========================================================  ==============================
-``query.hello``          the run's resolved config (YAML text), U's fingerprint      client id, last committed round,
+``query.hello``          the run's resolved config (YAML text), U's fingerprint      client id, its backbone and
+                                                                                     sizes, last committed round,
                                                                                      model digest, U's fingerprint
+``query.public``         rows of U (uint8), their place and U's fingerprint: once,   whether U is complete
+                         to a site that does not have U (counted as setup bytes)
 ``query.pseudo_labels``  round, kind (soft/hard), dtype, top-k, U's fingerprint      the encoded pseudo-labels
 ``query.weights``        round (FedAvg only)                                         the float tensors of the model
 ``train.load_weights``   round, the averaged float tensors (FedAvg only)             -
-``evaluate.scores``      round, whether the client failed the round (roll back)      top-1/top-5 per split, digest
+``evaluate.scores``      round, whether the client failed the round (roll back),     top-1/top-5 per split and
+                         whether to score, and the models to score besides its own   model, digest
+                         (``eval.<name>``: the architecture's name and its float
+                         tensors, e.g. COSMOS's cluster teacher h_pi(i))
 =======================  ==========================================================  ==============================
 
-A client's training steps (LocalFit, Distill, JointFit, UnionFit, with the target ``[n, M]`` float32 the server sent
-for it) need no reply of their own: they ride on the client's next message (:func:`steps_to_record`), which runs them
-first and replies their last-epoch losses. A round is then two messages per client (e.g. COSMOS's IFFT: local fit +
-pseudo-labels; distillation + scores), which matters where every message starts a ClientApp process (Flower 1.42).
+A client's training steps (LocalFit, Distill, JointFit, UnionFit, with the target the server sent for it, each encoded
+by its own class: :func:`cosmos_pl.training.steps.steps_to_wire`) need no reply of their own: they ride on the
+client's next message, which runs them first and replies their last-epoch losses. A round is then two messages per
+client (e.g. COSMOS's IFFT: local fit + pseudo-labels; distillation + scores), which matters where every message
+starts a ClientApp process (Flower 1.42). The models sent to be scored are counted apart from the protocol's bytes
+(``evaluation`` in traffic.csv and summary.json), so the protocol's bytes stay pseudo-labels only.
 
 Arrays travel as ``ArrayRecord`` (numpy's format, no pickle); settings as ``ConfigRecord``; numbers back as
 ``MetricRecord``. Byte counts: :func:`array_bytes` gives the arrays' own bytes (what ``summary.json`` counts) and
@@ -25,75 +33,20 @@ their serialized size (the same plus numpy's header per array).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
 
-from cosmos_pl.algorithms.base import Distill, JointFit, LocalFit, Step, UnionFit
 from cosmos_pl.communication import Payload
 
-__all__ = ["HELLO", "PSEUDO_LABELS", "WEIGHTS", "LOAD_WEIGHTS", "SCORES", "step_to_config", "config_to_step",
-           "steps_to_record", "record_to_steps",
+__all__ = ["HELLO", "PUBLIC", "PSEUDO_LABELS", "WEIGHTS", "LOAD_WEIGHTS", "SCORES", "check_declared",
            "payload_to_record", "record_to_payload", "tensors_to_record", "record_to_tensors", "array_bytes"]
 
-HELLO, PSEUDO_LABELS = "query.hello", "query.pseudo_labels"
+HELLO, PUBLIC, PSEUDO_LABELS = "query.hello", "query.public", "query.pseudo_labels"
 WEIGHTS, LOAD_WEIGHTS, SCORES = "query.weights", "train.load_weights", "evaluate.scores"
 
-_STEPS = {cls.__name__: cls for cls in (LocalFit, Distill, JointFit, UnionFit)}
-
-
-def step_to_config(step: Step) -> dict[str, Any]:
-    """A training step as ConfigRecord values: ``{"step": "Distill", "step.epochs": 1, ...}``."""
-    return {"step": type(step).__name__, **{f"step.{k}": v for k, v in dataclasses.asdict(step).items()}}
-
-
-def config_to_step(config: dict[str, Any]) -> Step:
-    """The inverse of :func:`step_to_config`.
-
-    Raises:
-        ValueError: an unknown step name (a server and node of different cosmos-pl versions).
-    """
-    name = config.get("step")
-    if name not in _STEPS:
-        raise ValueError(f"unknown client step {name!r} (known: {sorted(_STEPS)}): the server and this node run "
-                         "different cosmos-pl versions; install the same version on both")
-    return _STEPS[name](**{k[5:]: v for k, v in config.items() if k.startswith("step.")})
-
-
-def steps_to_record(steps: list[tuple[Step, Optional[torch.Tensor]]]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Training steps and their targets as ``(config, arrays)``: ``{"steps": k, "s0.step": "LocalFit", ...}`` and
-    ``{"s1.target": [n, M] float32, ...}`` (a step without a target has no array; UnionFit's target travels as its
-    argmax class indices ``[n]``, uint8 for M <= 256, else int16)."""
-    config: dict[str, Any] = {"steps": len(steps)}
-    arrays = {}
-    for j, (step, target) in enumerate(steps):
-        config.update({f"s{j}.{k}": v for k, v in step_to_config(step).items()})
-        if target is None:
-            continue
-        if isinstance(step, UnionFit):  # co-training reads only the argmax: hard labels, as FedCT's bytes count them
-            m = target.shape[1]
-            arrays[f"s{j}.labels"] = target.argmax(1).to(torch.uint8 if m <= 256 else torch.int16)
-            config[f"s{j}.num_classes"] = m
-        else:
-            arrays[f"s{j}.target"] = target.float()
-    return config, arrays
-
-
-def record_to_steps(config: dict[str, Any], arrays: dict[str, torch.Tensor]) -> list[tuple[Step, Optional[torch.Tensor]]]:
-    """The inverse of :func:`steps_to_record` (no steps: ``[]``)."""
-    out = []
-    for j in range(int(config.get("steps", 0))):
-        prefix = f"s{j}."
-        fields = {k[len(prefix):]: v for k, v in config.items() if k.startswith(prefix)}
-        m = fields.pop("num_classes", None)
-        target = arrays.get(f"s{j}.target")
-        if f"s{j}.labels" in arrays:  # hard labels back to one-hot rows [n, M]
-            target = torch.nn.functional.one_hot(arrays[f"s{j}.labels"].long(), int(m)).float()
-        out.append((config_to_step(fields), target))
-    return out
 
 
 def tensors_to_record(tensors: dict[str, torch.Tensor]) -> ArrayRecord:
@@ -135,3 +88,22 @@ def array_bytes(record: Optional[ArrayRecord]) -> tuple[int, int]:
         return 0, 0
     own = sum(int(a.numpy().nbytes) for a in record.values())
     return own, sum(len(a.data) for a in record.values())
+
+
+def check_declared(record: ArrayRecord, expected: dict[str, tuple[tuple[int, ...], str]]) -> None:
+    """Refuse arrays other than ``expected`` (``{name: (shape, numpy dtype)}``) before any is decoded: the names,
+    each array's declared shape and dtype, and its serialized size (at most the declared bytes plus numpy's
+    header), so that a node cannot make the server allocate more than an honest upload takes.
+
+    Raises:
+        ValueError: naming the array and what differs.
+    """
+    if sorted(record) != sorted(expected):
+        raise ValueError(f"arrays {sorted(record)}, expected {sorted(expected)}")
+    for name, (shape, dtype) in expected.items():
+        a = record[name]
+        if tuple(a.shape) != tuple(shape) or str(a.dtype) != dtype:
+            raise ValueError(f"array {name} declared {a.dtype} {list(a.shape)}, expected {dtype} {list(shape)}")
+        limit = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize + 4096
+        if len(a.data) > limit:
+            raise ValueError(f"array {name} holds {len(a.data)} bytes, more than {dtype} {list(shape)} needs")

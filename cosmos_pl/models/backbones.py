@@ -139,7 +139,7 @@ def _timm_architectures() -> frozenset[str]:
 
     names = sorted(timm.list_models())
     try:
-        from cosmos_pl.federated.run_directory import atomic_write_text
+        from cosmos_pl.files import atomic_write_text
 
         atomic_write_text(path, "\n".join(names) + "\n")
     except Exception:  # a read-only home: the names are still right, only slower next time

@@ -1,6 +1,6 @@
 """The settings of every training stage (:class:`TrainerConfig`), the device they resolve to and each stage's seed.
 
-Kept apart from :mod:`cosmos_pl.federated.stages` (which imports Lightning) so that the command line can build,
+Kept apart from :mod:`cosmos_pl.training.stages` (which imports Lightning) so that the command line can build,
 document and check its settings without importing the trainer stack.
 """
 

@@ -24,7 +24,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from cosmos_pl import signals
 from cosmos_pl.errors import DivergenceError
-from cosmos_pl.federated.trainer_config import TrainerConfig, resolve_device, stage_seed  # re-exported
+from cosmos_pl.training.config import TrainerConfig, resolve_device, stage_seed  # re-exported
 from cosmos_pl.modules import DistillationModule, JointModule, SupervisedModule
 from cosmos_pl.modules.base import CosmosModule, OptimizerFactory
 from cosmos_pl.transforms import Transformations, prepare
