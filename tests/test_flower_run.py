@@ -70,3 +70,32 @@ def test_a_run_that_cannot_start_exits_2_with_flwrs_reason(repo_root, tmp_path, 
     err = capsys.readouterr().err
     assert err.startswith("cosmos-pl: error: flwr run could not start the run: ") and "'nosuch' not found" in err
     assert err.count("\n") == 1
+
+
+def test_the_task_keepalive_beats_on_after_an_error_and_stops_with_the_run():
+    import time
+
+    from cosmos_pl.flower.server_app import _task_keepalive
+
+    calls = []
+
+    class Client:
+        def SendTaskHeartbeat(self, request):  # noqa: N802 - Flower's name
+            calls.append(type(request).__name__)
+            if len(calls) == 1:
+                raise RuntimeError("HTTP 500")  # what ends Flower's own sender for good
+
+    class Grid:
+        _runtime_client = Client()
+
+    with _task_keepalive(Grid(), every_s=0.01):
+        deadline = time.monotonic() + 10
+        while len(calls) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert calls[:3] == ["SendTaskHeartbeatRequest"] * 3
+    time.sleep(0.05)
+    stopped = len(calls)
+    time.sleep(0.1)
+    assert len(calls) == stopped  # no beat after the run
+    with _task_keepalive(object()):  # flwr.simulation's grid: no runtime client, nothing to do
+        pass

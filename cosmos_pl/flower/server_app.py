@@ -23,10 +23,12 @@ as the clients. Its settings come from Flower's run config (``[tool.flwr.app.con
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shlex
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,39 @@ def _audit_opens() -> None:
     sys.addaudithook(hook)
 
 
+@contextlib.contextmanager
+def _task_keepalive(grid: Grid, every_s: float = 5.0):
+    """A second task heartbeat to the SuperLink while the ServerApp runs, one that survives every error.
+
+    Flower 1.42's own sender (``flwr.supercore.heartbeat.HeartbeatSender``, every ~20 s) retries only transport
+    errors and HTTP 503/504: any other HTTP error ends its thread, and 60 s later the SuperLink fails the whole run
+    with "No heartbeat received from the task" (seen once in a loaded test run: ``tests/test_flower_deployment.py``).
+    A heartbeat is idempotent, so a second sender costs one small request per ``every_s`` seconds. A grid without
+    a runtime client (``flwr.simulation``'s in-memory grid) needs none.
+    """
+    send = getattr(getattr(grid, "_runtime_client", None), "SendTaskHeartbeat", None)
+    if send is None:
+        yield
+        return
+    from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest  # pylint: disable=no-name-in-module
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            try:
+                send(SendTaskHeartbeatRequest())
+            except Exception:  # noqa: BLE001 - keep beating; Flower's own sender reports its errors
+                pass
+
+    thread = threading.Thread(target=beat, name="cosmos-pl task keepalive", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
 def main(grid: Grid, run_config: dict[str, Any]) -> None:
     """Run ``cosmos-pl fit`` over the nodes connected to ``grid``.
 
@@ -121,7 +156,8 @@ def main(grid: Grid, run_config: dict[str, Any]) -> None:
             from cosmos_pl.federated.server_data import ServerData
 
             server = ServerData(*load_public(_config_path(str(run_config["public"]))))
-        run_fit(cfg, parser, transport, server)
+        with _task_keepalive(grid):
+            run_fit(cfg, parser, transport, server)
     except UserError as err:
         print(f"cosmos-pl: error: {' '.join(str(err).split())}", flush=True)
         raise
