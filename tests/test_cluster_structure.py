@@ -62,7 +62,8 @@ def test_the_silhouette_rule_merges_what_is_not_separated_and_auto_does_not():
     # so auto leaves every client alone (B0 = 0), and says so
     assert resolve_b0("auto", WEAK) == 0.0
     alone = structure(WEAK, greedy_labels(WEAK, 0.0))
-    assert alone.K == 5 and alone.weak and alone.reasons()[0].startswith("no grouping of the clients is clear")
+    assert alone.K == 5 and alone.weak
+    assert alone.reasons()[0] == "no separated clustering of the clients has a silhouette >= 0.25: K = N"
 
 
 def test_a_clear_pair_among_loners_is_kept():
@@ -98,7 +99,7 @@ def test_no_separated_clustering_leaves_every_client_alone():
     assert separated_threshold(d) == 0.0
     st = structure(d, greedy_labels(d, 0.0))
     assert st.K == 4 and st.weak
-    assert st.reasons()[0].startswith("no grouping of the clients is clear")
+    assert st.reasons()[0].startswith("no separated clustering")
     assert separated_threshold(np.array([[0.0, 1.0], [1.0, 0.0]])) == math.inf  # N = 2: one cluster, as before
 
 

@@ -174,13 +174,17 @@ class COSMOS(Algorithm):
         st = structure(self.distances, greedy_labels(self.distances, self.b0_value))
         self.structure = st.as_dict()
         sil = "-" if st.silhouette is None else f"{st.silhouette:.3f}"
-        self.ctx.log(f"clustering: B0={self.b0_value:.4f} ({self.b0}) -> K={len(self.clusters)} clusters {self.clusters}; "
+        self.ctx.log(f"clustering: B0={self.b0_value:.4f} ({self.b0}) -> K={len(self.clusters)} clusters "
+                     f"{self.clusters}; "
                      f"silhouette {sil}, farthest within a cluster {st.within_max:.3f}, nearest between clusters "
                      f"{st.between_min:.3f}")
         if st.weak and self.b0 != "inf":
-            self.ctx.log(f"warning: weak cluster structure ({'; '.join(st.reasons())}): a teacher may mix clients of "
-                         "different distributions. Set algorithm.init_args.b0 to a number (distances in clusters.json) "
-                         "or 'inf' (one distribution), or raise clients.pretrain_epochs")
+            effect = ("each client has its own teacher" if st.K == st.N else
+                      "a teacher may mix clients of different distributions and score below local-only")
+            self.ctx.log(f"warning: weak cluster structure ({'; '.join(st.reasons())}): {effect}. Set "
+                         "algorithm.init_args.b0 to a number (distances in clusters.json) or 'inf' (one "
+                         "distribution), or raise clients.pretrain_epochs so that the first upload separates the "
+                         "clients")
 
     def _place_newcomers(self, ids: list[int], uploads: torch.Tensor) -> None:
         """A client that missed the clustering round joins the cluster whose latest aggregate is nearest (L1)."""

@@ -1,9 +1,33 @@
 """Rules that choose the threshold B0 of Algorithm 1 from the client distances alone (never from group ids,
-pitfall 3): ``auto`` (the best silhouette among the clusterings that separate their clusters), ``silhouette`` (the
-best silhouette among all), ``otsu``, ``inf``, or a number; and :func:`structure`, how clearly a clustering
-separates the clients.
+pitfall 3): ``auto`` (the best silhouette among the clusterings that separate their clusters, if it reaches
+0.25; else every client alone), ``silhouette`` (the best silhouette among all), ``otsu``, ``inf``, or a number;
+and :func:`structure`, how clearly a clustering separates the clients.
 
-MEASURED_RULES
+Measured: ``cosmos-pl fit`` with each config as shipped (``--rounds`` its own: 2), one torch thread,
+seeds 0-9; K and the adjusted Rand index (ARI) against the true groups come from the PTC round's distances; the last
+number is the final teacher h_pi(i) minus local-only (round 0), in points of mean accuracy; * marks weak structure
+(:attr:`Structure.weak`). ``separated`` is ``auto`` without its silhouette floor (tried, not offered).
+
+  digits_smoke (10 clients, 5 groups, 8x8 digits: weakly separated uploads):
+
+    seed | silhouette          | otsu                | separated           | auto
+       0 | K  5  1.00 +12.6  | K  4 -0.03 -26.4* | K  5  1.00 +12.6  | K  5  1.00 +12.6
+       1 | K  2  0.00 -35.4* | K  4 -0.03 -30.0* | K  8  0.24  -2.3* | K 10  0.00  -2.3*
+       2 | K  2  0.00 -43.0* | K  5 -0.08 -28.2* | K  9 -0.04  -2.4* | K 10  0.00  -1.3*
+       3 | K  2  0.00 -38.6* | K  5 -0.08 -26.3* | K  6 -0.17 -21.4* | K 10  0.00  -0.4*
+       4 | K  6  0.04 -17.5* | K  5 -0.08 -27.2* | K  6  0.04 -17.5* | K 10  0.00  -2.8*
+       5 | K  5  0.38  -6.4* | K  3 -0.01 -27.7* | K  9 -0.04  -4.2* | K 10  0.00  +0.7*
+       6 | K  2  0.00 -31.4* | K  4 -0.03 -32.4* | K  7  0.14  -6.2* | K 10  0.00  -0.8*
+       7 | K  2  0.00 -38.6* | K  5 -0.08 -33.8* | K  6 -0.17 -28.7* | K 10  0.00  -0.9*
+       8 | K  5  0.69  -0.5* | K  4 -0.03 -30.3* | K  7  0.73  +9.4* | K 10  0.00  -0.4*
+       9 | K  2  0.00 -33.7* | K  5 -0.08 -22.4* | K  8 -0.09  -9.1* | K 10  0.00  -0.2*
+
+  digits_smoke, mean / worst over seeds: silhouette -23.3 / -43.0 (ARI 1.0 in 1 of 10), otsu -28.5 / -33.8 (0 of
+  10), separated -7.0 / -28.7 (1 of 10), auto +0.4 / -2.8 (1 of 10).
+
+  fmnist_quickstart (10 clients, 5 groups): every rule recovers the groups (ARI 1.0) in 9 of 10 seeds, mean +2.8,
+  worst +1.8; in seed 1 silhouette merges two groups (K 4, ARI 0.67, +3.0), otsu, separated and auto find K 6
+  (ARI 0.88, +3.1). No seed is weak under auto.
 """
 
 from __future__ import annotations
@@ -99,8 +123,7 @@ class Structure:
             return []
         out = []
         if self.K == self.N:
-            out.append("no grouping of the clients is clear (separated clusters with silhouette >= "
-                       f"{WEAK_SILHOUETTE}): each client has its own teacher, K = N")
+            out.append(f"no separated clustering of the clients has a silhouette >= {WEAK_SILHOUETTE}: K = N")
         if not self.separated:
             out.append(f"a cluster holds clients {self.within_max:.3f} apart while clients of different clusters "
                        f"are {self.between_min:.3f} apart")
@@ -214,8 +237,8 @@ def _best_threshold(distances: np.ndarray, separated_only: bool) -> Optional[flo
 
 
 def silhouette_threshold(distances: np.ndarray) -> float:
-    """The ``silhouette`` rule for B0 (the ``auto`` rule of earlier cosmos-pl releases): the threshold whose Algorithm 1 clustering
-    has the best silhouette score.
+    """The ``silhouette`` rule for B0 (the ``auto`` rule of earlier cosmos-pl releases): the threshold whose
+    Algorithm 1 clustering has the best silhouette score.
 
     Candidates are the distinct off-diagonal distances (Algorithm 1's result changes only there). With at most
     :data:`EXHAUSTIVE_CANDIDATES` of them (N <= 64) every one is tried. Above that (N(N-1)/2 would mean ~10^5
