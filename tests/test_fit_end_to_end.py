@@ -73,6 +73,19 @@ def test_summary_agrees_with_metrics_and_clients(smoke_runs):
     # the ARI is recomputed from the written assignment; on digits the 5 class groups are found exactly
     ari = adjusted_rand_score(clusters["true_groups"], clusters["assignment"])
     assert saved["clusters"]["adjusted_rand_index"] == pytest.approx(ari) == pytest.approx(1.0)
+    # how clear the clustering is, recomputed from the written distances and assignment (issue 26): seed 0's five
+    # groups are separated (farthest within a cluster < nearest between clusters) with a silhouette >= 0.25
+    import numpy as np
+
+    from cosmos_pl.clustering import structure
+
+    st = structure(np.array(clusters["distances"]), np.array(clusters["assignment"]))
+    assert clusters["structure"] == saved["clusters"]["structure"]
+    assert clusters["structure"] == pytest.approx(st.as_dict(), abs=1e-5)  # clusters.json's distances have 6 digits
+    assert st.separated and st.silhouette >= 0.25 and not clusters["structure"]["weak"]
+    assert [r["cluster_weak"] for r in rows[1:]] == ["0"] * (len(rows) - 1) and rows[0]["cluster_weak"] == ""
+    assert float(rows[1]["cluster_within_max"]) == pytest.approx(st.within_max, abs=1e-6)
+    assert float(rows[1]["cluster_between_min"]) == pytest.approx(st.between_min, abs=1e-6)
     # the headline of COSMOS is the teacher: personalized accuracy = teacher accuracy in every federated round
     assert saved["scored_model"] == "cluster teacher h_pi(i)"
     assert all(r["personalized_acc_mean"] == r["teacher_acc_mean"] for r in rows[1:])

@@ -23,7 +23,7 @@ from torch import nn
 
 from cosmos_pl.aggregation import AGGREGATIONS, aggregate
 from cosmos_pl.algorithms.base import Algorithm, Distill, LocalFit, ServerResult, Step, Upload, check_setting
-from cosmos_pl.clustering import greedy_clustering, pairwise_distances, resolve_b0
+from cosmos_pl.clustering import greedy_clustering, greedy_labels, pairwise_distances, resolve_b0, structure
 from cosmos_pl.communication import pseudo_label_bytes
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.losses import apply_temperature
@@ -57,7 +57,7 @@ class COSMOS(Algorithm):
 
     Args:
         teacher_backbone: the teachers' architecture (paper: vgg16), one per cluster.
-        b0: the clustering threshold B0 on the L1 distance per public sample (in [0, 2]); 'auto': the B0 whose Algorithm 1 clustering has the best silhouette on the distances; 'otsu': Otsu's threshold on them; 'inf': one cluster.
+        b0: the clustering threshold B0 on the L1 distance per public sample (in [0, 2]); 'auto': the best silhouette among the Algorithm 1 clusterings that separate their clusters (no cluster holds two clients farther apart than two clients of different clusters); 'silhouette': the best silhouette among all; 'otsu': Otsu's threshold on the distances; 'inf': one cluster.
         distance: client distance, 'l1' (the paper's) or 'l2'.
         aggregation: how a cluster's pseudo-labels are combined: mean (paper), median or max.
         ptc_epochs: teacher epochs over U in the PTC round (round 1), training from scratch.
@@ -84,7 +84,7 @@ class COSMOS(Algorithm):
     def __init__(
         self,
         teacher_backbone: str = "resnet10t",
-        b0: Union[float, Literal["auto", "otsu", "inf"]] = "auto",
+        b0: Union[float, Literal["auto", "silhouette", "otsu", "inf"]] = "auto",
         distance: Literal["l1", "l2"] = "l1",
         aggregation: Literal["mean", "median", "max"] = "mean",
         ptc_epochs: int = 5,
@@ -115,8 +115,9 @@ class COSMOS(Algorithm):
         check_setting("distance", distance, distance in ("l1", "l2"), "'l1' (paper) or 'l2'")
         check_backbone_name(teacher_backbone, "algorithm.init_args.teacher_backbone")  # before any data is loaded
         if isinstance(b0, (int, float)):
-            check_setting("b0", b0, not math.isnan(b0) and b0 >= 0, "a number >= 0, 'inf', 'auto' or 'otsu'")
-        elif b0 not in ("auto", "otsu"):
+            check_setting("b0", b0, not math.isnan(b0) and b0 >= 0,
+                          "a number >= 0, 'inf', 'auto', 'silhouette' or 'otsu'")
+        elif b0 not in ("auto", "silhouette", "otsu"):
             try:  # a bad B0 fails now, not after round 0 has trained
                 resolve_b0(b0, np.zeros((1, 1)))
             except ValueError as err:
@@ -143,6 +144,7 @@ class COSMOS(Algorithm):
         self.centroids: list[Optional[torch.Tensor]] = []  # each cluster's latest aggregate [n, M], to place late clients
         self.b0_value: Optional[float] = None
         self.distances: Optional[np.ndarray] = None
+        self.structure: Optional[dict[str, Any]] = None  # how clear the clustering was (Structure.as_dict)
 
     def phase(self, rnd: int) -> str:
         return "PTC" if rnd == 1 else "IFFT"
@@ -169,7 +171,20 @@ class COSMOS(Algorithm):
         self.b0_value = resolve_b0(self.b0, self.distances)
         found = greedy_clustering(self.distances, self.b0_value)
         self.set_clusters([[ids[j] for j in members] for members in found])
-        self.ctx.log(f"clustering: B0={self.b0_value:.4f} ({self.b0}) -> K={len(self.clusters)} clusters {self.clusters}")
+        st = structure(self.distances, greedy_labels(self.distances, self.b0_value))
+        self.structure = st.as_dict()
+        sil = "-" if st.silhouette is None else f"{st.silhouette:.3f}"
+        self.ctx.log(f"clustering: B0={self.b0_value:.4f} ({self.b0}) -> K={len(self.clusters)} clusters "
+                     f"{self.clusters}; "
+                     f"silhouette {sil}, farthest within a cluster {st.within_max:.3f}, nearest between clusters "
+                     f"{st.between_min:.3f}")
+        if st.weak and self.b0 != "inf":
+            effect = ("each client has its own teacher" if st.K == st.N else
+                      "a teacher may mix clients of different distributions and score below local-only")
+            self.ctx.log(f"warning: weak cluster structure ({'; '.join(st.reasons())}): {effect}. Set "
+                         "algorithm.init_args.b0 to a number (distances in clusters.json) or 'inf' (one "
+                         "distribution), or raise clients.pretrain_epochs so that the first upload separates the "
+                         "clients")
 
     def _place_newcomers(self, ids: list[int], uploads: torch.Tensor) -> None:
         """A client that missed the clustering round joins the cluster whose latest aggregate is nearest (L1)."""
@@ -238,10 +253,12 @@ class COSMOS(Algorithm):
             return None
         return {"b0": self.b0_value, "b0_setting": self.b0, "distance": self.distance, "K": len(self.clusters),
                 "assignment": [-1 if a is None else a for a in self.assignment], "clusters": self.clusters,
+                "structure": self.structure,
                 "distances": None if self.distances is None else self.distances.round(6).tolist()}
 
     def state_dict(self) -> dict[str, Any]:
         return {"clusters": self.clusters, "assignment": self.assignment, "b0_value": self.b0_value,
+                "structure": self.structure,
                 "distances": None if self.distances is None else torch.from_numpy(self.distances),
                 "centroids": self.centroids, "teachers": [t.state_dict() for t in self.teachers]}
 
@@ -249,6 +266,7 @@ class COSMOS(Algorithm):
         self.set_clusters(state["clusters"])
         self.assignment = list(state["assignment"])
         self.b0_value = state["b0_value"]
+        self.structure = state.get("structure")
         self.distances = None if state["distances"] is None else state["distances"].numpy()
         self.centroids = list(state["centroids"])
         for teacher, weights in zip(self.teachers, state["teachers"]):

@@ -17,7 +17,7 @@ from cosmos_pl.federated.clients import ClientInfo, Scores
 from cosmos_pl.federated.failures import Failure
 from cosmos_pl.report import METRIC_LABEL, mean_sem
 
-__all__ = ["ACC_KEYS", "round_rows", "round_line", "summarize_run", "with_adjusted_rand_index"]
+__all__ = ["ACC_KEYS", "round_rows", "round_line", "summarize_run", "structure_columns", "with_adjusted_rand_index"]
 
 ACC_KEYS = ("teacher_acc", "client_acc", "teacher_top5", "client_top5", "teacher_val_acc", "client_val_acc")
 
@@ -123,7 +123,8 @@ def summarize_run(rows: list[dict[str, Any]], algorithm: Any, headline_metric: s
                                       for key in ("client_acc", "client_top5") if f"{key}_mean" in rows[0]}},
         "clusters": {"K": clusters_info.get("K"), "b0": clusters_info.get("b0"),
                      "assignment": clusters_info.get("assignment"),
-                     "adjusted_rand_index": clusters_info.get("adjusted_rand_index")},
+                     "adjusted_rand_index": clusters_info.get("adjusted_rand_index"),
+                     "structure": clusters_info.get("structure")},
         "communication": communication,
         "num_clients": len(infos),
         "failures": [f.as_dict() for f in failures],
@@ -133,6 +134,17 @@ def summarize_run(rows: list[dict[str, Any]], algorithm: Any, headline_metric: s
         "round_seconds": {str(k): round(v, 2) for k, v in round_seconds.items()},
         "stage_seconds_by_round": {r: {k: round(v, 2) for k, v in st.items()} for r, st in timer.by_round.items()},
     }
+
+
+def structure_columns(info: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """metrics.csv's columns for how clear the clustering is (:class:`cosmos_pl.clustering.Structure`): the
+    silhouette, the farthest within-cluster and nearest between-cluster distances, and ``cluster_weak`` (1 or 0);
+    none for an algorithm that reports no structure."""
+    st = (info or {}).get("structure")
+    if not st:
+        return {}
+    return {"cluster_silhouette": st["silhouette"], "cluster_within_max": st["within_max"],
+            "cluster_between_min": st["between_min"], "cluster_weak": int(bool(st["weak"]))}
 
 
 def with_adjusted_rand_index(info: dict[str, Any], groups: Optional[list[int]]) -> dict[str, Any]:

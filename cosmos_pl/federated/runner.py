@@ -29,7 +29,8 @@ from cosmos_pl.data import Federation
 from cosmos_pl.federated import checkpoint, faults
 from cosmos_pl.federated.checkpoint import CheckpointConfig
 from cosmos_pl.federated.clients import Clients
-from cosmos_pl.federated.evaluation import round_line, round_rows, summarize_run, with_adjusted_rand_index
+from cosmos_pl.federated.evaluation import (round_line, round_rows, structure_columns, summarize_run,
+                                            with_adjusted_rand_index)
 from cosmos_pl.federated.executor import Executor, ExecutorConfig, TaskFailure
 from cosmos_pl.federated.failures import FailureConfig, RoundFailed
 from cosmos_pl.federated.received import accept_uploads
@@ -115,7 +116,7 @@ class Runner:
             backbones=[c.backbone for c in infos], client_sizes=[c.train_size for c in infos], seed=self.seed,
             stage_seed=lambda rnd, stage, i: stage_seed(self.seed, rnd, stage, i), make_backbone=self.make_backbone,
             run_tasks=self.run_tasks, trainer=self.tcfg, transformations=self.runtime.transformations,
-            local_epochs=self.ccfg.local_epochs, distill_epochs=self.ccfg.distill_epochs, log=self.console.print))
+            local_epochs=self.ccfg.local_epochs, distill_epochs=self.ccfg.distill_epochs, log=self._algorithm_log))
 
     def make_backbone(self, name: str, seed: int) -> nn.Module:
         """A Kaiming-initialized backbone for the server's images, created under ``torch.manual_seed(seed)``; its
@@ -192,6 +193,10 @@ class Runner:
         self.state.check_fraction(rnd)
         return comm
 
+    def _algorithm_log(self, line: str) -> None:
+        # one line each (the terminal may wrap it, rich does not): a warning stays one line for grep and log tools
+        self.console.print(line, soft_wrap=True)
+
     def _write_clusters(self) -> None:
         info = self.algorithm.clustering_info()
         if info is None:
@@ -225,6 +230,7 @@ class Runner:
         row, per_client = round_rows(rnd, phase, infos, scores, {c.id: self.algorithm.cluster_of(c.id) for c in infos},
                                      self.state.failed, self.algorithm.scored, info["K"] if info else None, comm,
                                      self.state.stage_losses.get(rnd, {}))
+        row.update(structure_columns(info))
         self.recorder.add_round(row, per_client)
         self.console.print(round_line(row, len(per_client)))
         return row
