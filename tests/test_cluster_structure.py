@@ -63,7 +63,24 @@ def test_the_silhouette_rule_merges_what_is_not_separated_and_auto_does_not():
     assert resolve_b0("auto", WEAK) == 0.0
     alone = structure(WEAK, greedy_labels(WEAK, 0.0))
     assert alone.K == 5 and alone.weak
-    assert alone.reasons()[0] == "no separated clustering of the clients has a silhouette >= 0.25: K = N"
+    assert alone.reasons() == ["no two clients share a cluster (K = N)"]
+
+
+def test_auto_finds_clear_groups_among_100_clients_exactly():
+    # 20 groups of 5: within 0.1-0.3, between 0.8-1.2. The separated clusterings lie in two narrow bands of the
+    # sorted distances; auto enumerates them exactly (no grid) and finds the 20 groups.
+    rng = np.random.default_rng(3)
+    groups = np.repeat(np.arange(20), 5)
+    d = np.where(groups[:, None] == groups[None, :], rng.uniform(0.1, 0.3, (100, 100)),
+                 rng.uniform(0.8, 1.2, (100, 100)))
+    d = np.triu(d, 1)
+    d = d + d.T
+    b0 = resolve_b0("auto", d)
+    labels = greedy_labels(d, b0)
+    assert sorted(map(sorted, greedy_clustering(d, b0))) == [list(range(5 * g, 5 * g + 5)) for g in range(20)]
+    st = structure(d, labels)
+    assert st.separated and not st.weak and st.within_max <= 0.3 < 0.8 <= st.between_min
+    assert b0 == pytest.approx(st.within_max)  # the farthest within-cluster distance: where the groups are cliques
 
 
 def test_a_clear_pair_among_loners_is_kept():
@@ -91,6 +108,7 @@ def test_one_group_is_never_merged_silently():
     assert ones == [list(range(6))]
     one = structure(d, greedy_labels(d, math.inf))
     assert (one.K, one.silhouette, one.between_min) == (1, None, math.inf)
+    assert one.weak and one.reasons() == ["one cluster: nothing to compare its clients' distances with"]
 
 
 def test_no_separated_clustering_leaves_every_client_alone():
@@ -99,7 +117,7 @@ def test_no_separated_clustering_leaves_every_client_alone():
     assert separated_threshold(d) == 0.0
     st = structure(d, greedy_labels(d, 0.0))
     assert st.K == 4 and st.weak
-    assert st.reasons()[0].startswith("no separated clustering")
+    assert st.reasons()[0] == "no two clients share a cluster (K = N)"
     assert separated_threshold(np.array([[0.0, 1.0], [1.0, 0.0]])) == math.inf  # N = 2: one cluster, as before
 
 

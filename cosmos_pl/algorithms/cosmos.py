@@ -179,7 +179,8 @@ class COSMOS(Algorithm):
                      f"silhouette {sil}, farthest within a cluster {st.within_max:.3f}, nearest between clusters "
                      f"{st.between_min:.3f}")
         if st.weak and self.b0 != "inf":
-            effect = ("each client has its own teacher" if st.K == st.N else
+            alone = self.b0_value == 0  # auto's fallback, or b0: 0 (only identical clients share a teacher)
+            effect = ("each client has its own teacher" if alone or st.K == st.N else
                       "a teacher may mix clients of different distributions and score below local-only")
             self.ctx.log(f"warning: weak cluster structure ({'; '.join(st.reasons())}): {effect}. Set "
                          "algorithm.init_args.b0 to a number (distances in clusters.json) or 'inf' (one "

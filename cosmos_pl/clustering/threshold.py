@@ -110,11 +110,11 @@ class Structure:
 
     @property
     def weak(self) -> bool:
-        """The clustering does not show groups the uploads support: its clusters are not separated, its silhouette
-        is below :data:`WEAK_SILHOUETTE`, or (N > 2) no two clients were grouped."""
+        """The clustering does not show groups the uploads support (N > 2): its clusters are not separated, its
+        silhouette is below :data:`WEAK_SILHOUETTE`, no two clients were grouped (K = N), or all were (K = 1)."""
         if self.N <= 2:
             return False
-        return (not self.separated or self.K == self.N
+        return (not self.separated or self.K in (1, self.N)
                 or (self.silhouette is not None and self.silhouette < WEAK_SILHOUETTE))
 
     def reasons(self) -> list[str]:
@@ -123,7 +123,9 @@ class Structure:
             return []
         out = []
         if self.K == self.N:
-            out.append(f"no separated clustering of the clients has a silhouette >= {WEAK_SILHOUETTE}: K = N")
+            out.append("no two clients share a cluster (K = N)")
+        if self.K == 1:
+            out.append("one cluster: nothing to compare its clients' distances with")
         if not self.separated:
             out.append(f"a cluster holds clients {self.within_max:.3f} apart while clients of different clusters "
                        f"are {self.between_min:.3f} apart")
@@ -188,21 +190,16 @@ def otsu_threshold(distances: np.ndarray) -> float:
     return float((values[best - 1] + values[best]) / 2)
 
 
-def _score(d: np.ndarray, b0: float, seen: dict[bytes, Optional[float]], separated_only: bool) -> Optional[float]:
+def _score(d: np.ndarray, b0: float, seen: dict[bytes, Optional[float]]) -> Optional[float]:
     labels = greedy_labels(d, b0)
     key = labels.tobytes()
     if key not in seen:  # neighbouring thresholds often give the same clustering
-        if not 2 <= labels.max() + 1 <= len(labels) - 1:
-            seen[key] = None
-        else:
-            st = structure(d, labels)
-            seen[key] = st.silhouette if st.separated or not separated_only else None
+        seen[key] = silhouette(d, labels) if 2 <= labels.max() + 1 <= len(labels) - 1 else None
     return seen[key]
 
 
-def _best_threshold(distances: np.ndarray, separated_only: bool) -> Optional[float]:
-    """The B0 whose Algorithm 1 clustering has the best silhouette (among the separated ones if
-    ``separated_only``); None when no candidate qualifies."""
+def _best_threshold(distances: np.ndarray) -> Optional[float]:
+    """The B0 whose Algorithm 1 clustering has the best silhouette; None when no clustering has one (N <= 2)."""
     d = np.asarray(distances, dtype=float)
     values = np.unique(d[np.triu_indices(d.shape[0], k=1)])
     seen: dict[bytes, Optional[float]] = {}
@@ -212,7 +209,7 @@ def _best_threshold(distances: np.ndarray, separated_only: bool) -> Optional[flo
         nonlocal best, best_b0
         level_best, level_pos = -np.inf, None
         for pos, i in enumerate(indices):
-            score = _score(d, float(values[i]), seen, separated_only)
+            score = _score(d, float(values[i]), seen)
             if score is None:
                 continue
             if score > level_best + 1e-12:
@@ -255,8 +252,58 @@ def silhouette_threshold(distances: np.ndarray) -> float:
     Returns:
         B0 as a float.
     """
-    b0 = _best_threshold(distances, separated_only=False)
+    b0 = _best_threshold(distances)
     return math.inf if b0 is None else b0
+
+
+def _separated_candidates(d: np.ndarray) -> list[float]:
+    """Every threshold t at which the clusters of Algorithm 1 are separated: the connected components of the graph
+    ``d <= t`` are cliques. Then Algorithm 1 at B0 = t returns exactly those components, and every within-cluster
+    distance (<= t) is below every between-cluster one (> t); conversely a separated clustering is the component
+    set at t = its farthest within-cluster distance. One pass over the sorted distances with union-find, counting
+    each component's edges against size (size - 1) / 2: exact for any N, O(N^2 log N), at most N - 1 candidates
+    with 2 <= K <= N - 1."""
+    n = d.shape[0]
+    iu = np.triu_indices(n, k=1)
+    values = d[iu]
+    order = np.argsort(values, kind="stable")
+    parent = list(range(n))
+    size = [1] * n
+    edges = [0] * n
+    not_clique = 0  # components whose edges are fewer than size (size - 1) / 2
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    out = []
+    components = n
+    pos = 0
+    while pos < len(order):
+        t = values[order[pos]]
+        while pos < len(order) and values[order[pos]] == t:  # every edge of one distance at once (ties)
+            k = order[pos]
+            a, b = find(int(iu[0][k])), find(int(iu[1][k]))
+            if a != b:
+                for r in (a, b):
+                    not_clique -= edges[r] < size[r] * (size[r] - 1) // 2
+                if size[a] < size[b]:
+                    a, b = b, a
+                parent[b] = a
+                size[a] += size[b]
+                edges[a] += edges[b] + 1
+                components -= 1
+                not_clique += edges[a] < size[a] * (size[a] - 1) // 2
+            else:
+                was = edges[a] < size[a] * (size[a] - 1) // 2
+                edges[a] += 1
+                not_clique -= was and not edges[a] < size[a] * (size[a] - 1) // 2
+            pos += 1
+        if not_clique == 0 and 2 <= components <= n - 1:
+            out.append(float(t))
+    return out
 
 
 def separated_threshold(distances: np.ndarray) -> float:
@@ -268,9 +315,13 @@ def separated_threshold(distances: np.ndarray) -> float:
     A cluster that mixes clients of two distributions gives its teacher the mean of disagreeing pseudo-labels, and
     it scores far below local-only; a client alone costs a few points (its teacher learns from its own
     pseudo-labels on U). So the rule merges clients only where the distances show groups clearly, and a run
-    reports the fallback as weak structure (:attr:`Structure.weak`, K = N). The candidates and the search are
-    :func:`silhouette_threshold`'s. N <= 2: B0 = inf (one cluster), as the silhouette rule. It reads only the
-    pseudo-label distances (pitfall 3).
+    reports the fallback as weak structure (:attr:`Structure.weak`). The separated clusterings are found exactly
+    (:func:`_separated_candidates`, at most N - 1 of them, for any N); ties go to the smaller B0. N <= 2: B0 = inf
+    (one cluster), as the silhouette rule. It reads only the pseudo-label distances (pitfall 3). Limit: separation
+    is strict, so when the within-group and between-group distance ranges overlap even for one pair (more likely
+    with hundreds of clients: 5 groups of 100 at 0.1-0.6 within and 0.5-1.2 between fall back to every client
+    alone, where ``silhouette`` finds the 5 groups), the run reports weak structure; pass ``silhouette`` or a
+    number there.
 
     Args:
         distances: ``[N, N]`` symmetric client distances.
@@ -281,11 +332,12 @@ def separated_threshold(distances: np.ndarray) -> float:
     d = np.asarray(distances, dtype=float)
     if d.shape[0] <= 2:
         return math.inf
-    b0 = _best_threshold(d, separated_only=True)
-    if b0 is None:
-        return 0.0
-    sil = structure(d, greedy_labels(d, b0)).silhouette
-    return b0 if sil is not None and sil >= WEAK_SILHOUETTE else 0.0
+    best, best_b0 = -np.inf, None
+    for t in _separated_candidates(d):
+        sil = structure(d, greedy_labels(d, t)).silhouette
+        if sil is not None and sil > best + 1e-12:
+            best, best_b0 = sil, t
+    return best_b0 if best_b0 is not None and best >= WEAK_SILHOUETTE else 0.0
 
 
 #: The named rules of :func:`resolve_b0`.
