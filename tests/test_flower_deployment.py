@@ -165,6 +165,7 @@ def test_tls_deployment_of_sites_with_their_own_data(repo_root, tmp_path):
     fields = dict(host="127.0.0.1", port=link, keys=keys, sites=sites, run=run_dir)
 
     runtime_ports: dict[str, int] = {}
+    referencing = None  # the in-process reference run, started beside the deployment
 
     def supernode(name: str, i: int, state: Path, partition: int | None = None) -> None:
         # README's command, plus the one flag several nodes on one machine need: each its own port for the Runtime
@@ -179,10 +180,12 @@ def test_tls_deployment_of_sites_with_their_own_data(repo_root, tmp_path):
     try:
         procs.start("superlink", _argv(SUPERLINK, **fields), tmp_path, {"COSMOS_PL_AUDIT_OPENS": str(audit)})
         _wait(lambda: _healthy(link, keys / "ca.crt"), 60, "the SuperLink", logs)
-        for i in range(CLIENTS + 1):  # node_3 is registered too: the impostor below; node_4 never is
-            registered = subprocess.run(_argv(REGISTER, **fields, i=i), cwd=repo_root, env=env, capture_output=True,
-                                        text=True, timeout=120)
-            assert registered.returncode == 0, registered.stdout + registered.stderr
+        # node_3 is registered too: the impostor below; node_4 never is. The registrations run side by side.
+        registering = [subprocess.Popen(_argv(REGISTER, **fields, i=i), cwd=repo_root, env=env, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for i in range(CLIENTS + 1)]
+        for registered in registering:
+            out, _ = registered.communicate(timeout=120)
+            assert registered.returncode == 0, out
         for i in range(CLIENTS):
             supernode(f"supernode_{i}", i, tmp_path / f"node_{i}")
         supernode("unregistered", 4, tmp_path / "node_unregistered", partition=1)
@@ -190,6 +193,16 @@ def test_tls_deployment_of_sites_with_their_own_data(repo_root, tmp_path):
         failing = procs.start("failing_run", [sys.executable, "-m", "cosmos_pl.cli", "flower-run", str(repo_root),
                                               "cosmos", "--run-config", "config=''"], tmp_path)
         flwr = procs.start("flwr_run", _argv(SUBMIT, **fields), repo_root)
+        # the same federation in-process (client 2 failing its round-1 distillation), trained while the deployment
+        # mostly waits (Flower's polling, node 2's heartbeats running out); on this worker's cores, as the suite's
+        # other in-process runs
+        reference = tmp_path / "in_process"
+        referencing = subprocess.Popen(
+            [sys.executable, "-m", "cosmos_pl.cli", "fit", "--config", str(repo_root / "configs/digits_flower.yaml"),
+             "--data.num_clients", str(CLIENTS), "--data.dataset", "cosmos_pl.data.SiteFolders",
+             "--data.dataset.root", str(sites), "--run_dir", str(reference), "--wandb.mode", "disabled"],
+            cwd=repo_root, env={**env, "COSMOS_PL_TEST_FAULTS": json.dumps(DRILL)},
+            stdout=open(logs / "in_process.log", "w"), stderr=subprocess.STDOUT)
 
         def uploaded(rnd: int, client: int) -> bool:
             return any(r["round"] == str(rnd) and r["client"] == str(client) and r["message"] == "query.pseudo_labels"
@@ -214,8 +227,11 @@ def test_tls_deployment_of_sites_with_their_own_data(repo_root, tmp_path):
 
         _wait(ended, 600, "the run to end", logs)
         _wait(lambda: failing.poll() is not None, 60, "the failing run's command to end", logs)
+        _wait(lambda: referencing.poll() is not None, 600, "the in-process run to end", logs)
     finally:
         procs.stop_all()
+        if referencing is not None and referencing.poll() is None:
+            referencing.kill()
     print(f"deployment test: node 2 killed at {killed_at:.0f} s, run finished at {time.monotonic() - start:.0f} s")
 
     ok_log = (logs / "flwr_run.log").read_text()
@@ -234,14 +250,7 @@ def test_tls_deployment_of_sites_with_their_own_data(repo_root, tmp_path):
     assert not [p for p in opened if "/client_" in p and str(sites) in p]
 
     # every client's numbers are those of the same federation in-process (client 2 failing its round-1 distillation)
-    reference = tmp_path / "in_process"
-    os.environ["COSMOS_PL_TEST_FAULTS"] = json.dumps(DRILL)
-    try:
-        assert main(["fit", "--config", str(repo_root / "configs/digits_flower.yaml"), "--data.num_clients",
-                     str(CLIENTS), "--data.dataset", "cosmos_pl.data.SiteFolders", "--data.dataset.root", str(sites),
-                     "--run_dir", str(reference), "--wandb.mode", "disabled"]) == 0
-    finally:
-        del os.environ["COSMOS_PL_TEST_FAULTS"]
+    assert referencing.returncode == 0, (logs / "in_process.log").read_text()[-3000:]
     scores = ("teacher_acc", "client_acc")
 
     def by_client(path):
