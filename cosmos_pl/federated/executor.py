@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Literal, Optional, Sequence, Union
 import torch
 
 from cosmos_pl import signals
-from cosmos_pl.errors import ConfigError, DataError, check
+from cosmos_pl.errors import ConfigError, DataError, DeviceMemoryError, check
 
 __all__ = ["ExecutorConfig", "Executor", "Task", "TaskFailure", "TaskTimeout", "available_cpus", "resolve_devices"]
 
@@ -119,8 +119,9 @@ class TaskTimeout(Exception):
     """A task ran past ``failures.timeout_s``."""
 
 
-# Errors in the settings or the data are the user's to fix, not a client's failure: they always stop the run.
-_FATAL = (ConfigError, DataError)
+# Errors in the settings or the data, and a GPU out of memory, are the user's to fix, not a client's failure: they
+# always stop the run.
+_FATAL = (ConfigError, DataError, DeviceMemoryError)
 
 
 def _describe(err: BaseException) -> str:
