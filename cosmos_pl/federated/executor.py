@@ -29,7 +29,8 @@ import torch
 from cosmos_pl import signals
 from cosmos_pl.errors import ConfigError, DataError, DeviceMemoryError, check
 
-__all__ = ["ExecutorConfig", "Executor", "Task", "TaskFailure", "TaskTimeout", "available_cpus", "resolve_devices"]
+__all__ = ["ExecutorConfig", "Executor", "Task", "TaskFailure", "TaskTimeout", "available_cpus", "physical_gpu",
+           "resolve_devices"]
 
 Task = tuple[Callable[..., Any], dict[str, Any]]
 
@@ -39,13 +40,15 @@ class ExecutorConfig:
     """How a stage's independent tasks are spread.
 
     Args:
-        kind: 'sequential' (one after another in this process) or 'parallel' (a pool of spawned workers).
+        kind: 'auto' (parallel when there are GPUs and more than one worker slot: every visible GPU, times
+            ``workers_per_device``; else sequential, as on a CPU), 'sequential' (one after another in this
+            process) or 'parallel' (a pool of spawned workers, also on the CPU).
         devices: 'auto' (every visible GPU, else one CPU slot), a count N (GPUs 0..N-1, or N CPU slots without CUDA), or a list of GPU ids.
         workers_per_device: workers sharing each device (several small clients can share one large GPU).
         threads_per_worker: torch CPU threads in every task, sequential included; None splits this machine's cores among the workers. Equal values give bit-identical results across executors.
     """
 
-    kind: Literal["sequential", "parallel"] = "sequential"
+    kind: Literal["auto", "sequential", "parallel"] = "auto"
     devices: Union[Literal["auto"], int, list[int]] = "auto"
     workers_per_device: int = 1
     threads_per_worker: Optional[int] = None
@@ -85,6 +88,15 @@ def resolve_devices(devices: Union[str, int, list[int]], accelerator: str = "aut
             raise ConfigError(f"executor.devices={devices}: GPU ids {bad} do not exist ({n_gpu} visible); use 'auto'")
         return list(devices)
     raise ConfigError(f"executor.devices={devices!r}: use 'auto', a count, or a list of GPU ids")
+
+
+def physical_gpu(index: int) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` entry of visible GPU ``index`` (this process's own ``CUDA_VISIBLE_DEVICES``
+    renumbers the GPUs it lists from 0): what a child process pinned to that GPU is given."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return str(index)
+    return [v.strip() for v in visible.split(",") if v.strip()][index]
 
 
 def available_cpus() -> int:
@@ -137,8 +149,6 @@ def _run(fn: Callable[..., Any], kwargs: dict[str, Any], returns_model: bool) ->
 def _worker_main(conn: Connection, gpu: Optional[int], threads: int) -> None:
     """A worker process: run ``(index, fn, kwargs, returns_model)`` messages until ``None`` arrives."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle (it stops the workers)
-    if gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # before CUDA is first touched in this process
     torch.set_num_threads(threads)
     while True:
         try:
@@ -210,7 +220,8 @@ class Executor:
             raise ConfigError(f"executor.workers_per_device={cfg.workers_per_device}: must be >= 1")
         self.cfg = cfg
         self.slots = resolve_devices(cfg.devices, accelerator) * cfg.workers_per_device
-        self.parallel = cfg.kind == "parallel" and len(self.slots) > 1
+        on_gpus = any(slot is not None for slot in self.slots)
+        self.parallel = len(self.slots) > 1 and (cfg.kind == "parallel" or (cfg.kind == "auto" and on_gpus))
         self.threads = _threads(cfg, len(self.slots) if self.parallel else 1)
         self._workers: list[_Worker] = []
         self.replaced_workers = 0
@@ -220,7 +231,19 @@ class Executor:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
         process = ctx.Process(target=_worker_main, args=(child, gpu, self.threads), daemon=True)
-        process.start()
+        # pinned before the child exists: spawn copies the environment at start, so the worker sees only its GPU
+        # (as cuda:0) from its first import on, whatever touches CUDA while it imports
+        before = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if gpu is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = physical_gpu(gpu)
+        try:
+            process.start()
+        finally:
+            if gpu is not None:
+                if before is None:
+                    del os.environ["CUDA_VISIBLE_DEVICES"]
+                else:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = before
         child.close()
         return _Worker(process, parent, gpu)
 
