@@ -50,8 +50,8 @@ def test_training_out_of_memory_is_one_line_naming_the_stage_batch_and_settings(
     bf16 = TrainerConfig(accelerator="cpu", channels_last=False, precision="bf16-mixed")
     with pytest.raises(DeviceMemoryError) as err:
         fit_distillation(_Small(limit=8), x, torch.full((40, 3), 1 / 3), epochs=1, batch_size=32,
-                         optimizer=default_optimizer(1e-3), transformations=None, trainer=bf16, seed=0, lam=0.0, num_views=1,
-                         where="round 1, teacher 2", optimizer_key="algorithm.init_args.teacher_optimizer")
+                         optimizer=default_optimizer(1e-3), transformations=None, trainer=bf16, seed=0, lam=0.0,
+                         num_views=1, where="round 1, teacher 2", optimizer_key="algorithm.init_args.teacher_optimizer")
     assert str(err.value) == (
         "round 1, teacher 2: the GPU ran out of memory at batch size 32 (trainer.precision=bf16-mixed); lower "
         "algorithm.init_args.teacher_batch_size, or run fewer workers per GPU (executor.workers_per_device)")
@@ -127,3 +127,37 @@ def test_a_deterministic_stage_trains_the_same_model_as_the_default(restore_flag
     for k in models[0]:
         torch.testing.assert_close(models[0][k], models[1][k], rtol=0, atol=0)
     assert not torch.equal(models[0]["1.weight"], _Small().state_dict()["1.weight"])  # it did train
+
+
+# ----------------------------------------------------------------------------------- shared memory (/dev/shm)
+def test_shared_memory_need_is_every_worker_s_largest_task():
+    from cosmos_pl.federated.executor import shared_memory_needed
+
+    # 2 workers x (client data 1000 + U 500 + targets 200 + the model twice, 2 x 300)
+    assert shared_memory_needed(2, 1000, 500, 200, 300) == 4600
+
+
+def test_too_little_shared_memory_stops_before_round_0_naming_shm_size(monkeypatch, repo_root, tmp_path, capsys):
+    import shutil
+    from collections import namedtuple
+
+    from cosmos_pl.cli import main
+    from cosmos_pl.errors import ConfigError
+    from cosmos_pl.federated import executor
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(64 * 2**20, 63 * 2**20, 2**20))  # 1 MiB free
+    executor.check_shared_memory(2**20, 2)  # exactly what is free: fits
+    with pytest.raises(ConfigError) as err:
+        executor.check_shared_memory(3 * 2**30 + 1, 4)
+    assert str(err.value) == (
+        "executor: 4 parallel workers may hold about 3072 MiB in shared memory (/dev/shm) at once, and it has 1 MiB "
+        "free: give the container more (docker run --shm-size=7g), or lower executor.workers_per_device or "
+        "executor.devices, or use executor.kind sequential")
+    # a parallel run stops with that line before round 0 trains; a sequential one never asks
+    run_dir = tmp_path / "run"
+    assert main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--executor.kind", "parallel",
+                 "--executor.devices", "2", "--run_dir", str(run_dir), "--wandb.mode", "disabled"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("cosmos-pl: error: executor: 2 parallel workers may hold about ") and "--shm-size=" in line
+    assert not (run_dir / "checkpoints" / "round-0000.pt").exists()

@@ -29,8 +29,8 @@ import torch
 from cosmos_pl import signals
 from cosmos_pl.errors import ConfigError, DataError, DeviceMemoryError, check
 
-__all__ = ["ExecutorConfig", "Executor", "Task", "TaskFailure", "TaskTimeout", "available_cpus", "physical_gpu",
-           "resolve_devices"]
+__all__ = ["ExecutorConfig", "Executor", "Task", "TaskFailure", "TaskTimeout", "available_cpus",
+           "check_shared_memory", "physical_gpu", "resolve_devices", "shared_memory_needed"]
 
 Task = tuple[Callable[..., Any], dict[str, Any]]
 
@@ -97,6 +97,36 @@ def physical_gpu(index: int) -> str:
     if visible is None or not visible.strip():
         return str(index)
     return [v.strip() for v in visible.split(",") if v.strip()][index]
+
+
+def shared_memory_needed(workers: int, data_bytes: int, public_bytes: int, target_bytes: int,
+                         model_bytes: int) -> int:
+    """Bytes a parallel stage may hold in shared memory at once: each of ``workers`` in-flight tasks carries the
+    largest client's data (``data_bytes``), U (``public_bytes``) and its targets (``target_bytes``, ``[|U|, M]``
+    float32), and the largest model twice (sent, and the trained copy sent back)."""
+    return workers * (data_bytes + public_bytes + target_bytes + 2 * model_bytes)
+
+
+def check_shared_memory(needed: int, workers: int, path: str = "/dev/shm") -> None:
+    """Stop before round 0 when ``needed`` bytes (:func:`shared_memory_needed`) do not fit in ``path``'s free
+    space: torch passes tensors between processes through it, and running out mid-stage ends in a bus error.
+
+    Raises:
+        ConfigError: naming the sizes, Docker's ``--shm-size`` and the settings that lower the need.
+    """
+    import shutil
+
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:  # no such file system here (macOS, Windows): nothing to check against
+        return
+    if needed > free:
+        mib = 2 ** 20
+        raise ConfigError(
+            f"executor: {workers} parallel workers may hold about {needed / mib:.0f} MiB in shared memory "
+            f"({path}) at once, and it has {free / mib:.0f} MiB free: give the container more (docker run "
+            f"--shm-size={max(1, -(-2 * needed // 2 ** 30))}g), or lower executor.workers_per_device or "
+            "executor.devices, or use executor.kind sequential")
 
 
 def available_cpus() -> int:

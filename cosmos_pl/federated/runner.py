@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -31,7 +32,8 @@ from cosmos_pl.federated.checkpoint import CheckpointConfig
 from cosmos_pl.federated.clients import Clients
 from cosmos_pl.federated.evaluation import (round_line, round_rows, structure_columns, summarize_run,
                                             with_adjusted_rand_index)
-from cosmos_pl.federated.executor import Executor, ExecutorConfig, TaskFailure
+from cosmos_pl.federated.executor import Executor, ExecutorConfig, TaskFailure, check_shared_memory, \
+    shared_memory_needed
 from cosmos_pl.federated.failures import FailureConfig, RoundFailed
 from cosmos_pl.federated.received import accept_uploads
 from cosmos_pl.federated.recorder import Recorder
@@ -109,6 +111,8 @@ class Runner:
             transport = functools.partial(InProcessClients.of_runner, federation=federation)
         self.clients = transport(self)  # a deployment's clients have joined and described themselves
         infos = self.clients.infos
+        if self.executor.parallel:
+            self._check_shared_memory([c.backbone for c in infos], max(c.train_size for c in infos))
         self.state = RoundState(self.failure_cfg, len(infos), self.clients.fail, self.console.print)
         self.algorithm.validate([c.backbone for c in infos])
         self.algorithm.setup(FederationContext(
@@ -117,6 +121,18 @@ class Runner:
             stage_seed=lambda rnd, stage, i: stage_seed(self.seed, rnd, stage, i), make_backbone=self.make_backbone,
             run_tasks=self.run_tasks, trainer=self.tcfg, transformations=self.runtime.transformations,
             local_epochs=self.ccfg.local_epochs, distill_epochs=self.ccfg.distill_epochs, log=self._algorithm_log))
+
+    def _check_shared_memory(self, backbones: list[str], largest_client: int) -> None:
+        """Before round 0: a parallel stage's tensors must fit in /dev/shm (:func:`check_shared_memory`); the
+        models' bytes are counted on one copy of each architecture (clients' and the server's)."""
+        names = set(backbones) | set(self.algorithm.server_backbones().values())
+        with torch.random.fork_rng():
+            states = [self.make_backbone(n, 0).state_dict() for n in names]
+        model_bytes = max(sum(t.numel() * t.element_size() for t in state.values()) for state in states)
+        sample = self.server.in_chans * math.prod(self.server.image_shape)  # uint8 pixels, and an int64 label
+        needed = shared_memory_needed(len(self.executor.slots), largest_client * (sample + 8), self.public.numel(),
+                                      len(self.public) * self.server.num_classes * 4, model_bytes)
+        check_shared_memory(needed, len(self.executor.slots))
 
     def make_backbone(self, name: str, seed: int) -> nn.Module:
         """A Kaiming-initialized backbone for the server's images, created under ``torch.manual_seed(seed)``; its
