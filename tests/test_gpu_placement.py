@@ -3,11 +3,13 @@
 spread over the GPUs."""
 
 import os
+import re
 
 import pytest
 import torch
 
 from cosmos_pl.compare.pairs import gpu_slots
+from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.executor import Executor, ExecutorConfig, physical_gpu
 
 
@@ -47,20 +49,25 @@ def test_auto_executor_uses_every_visible_gpu(gpus, kind, n_gpu, per_device, acc
     assert (ex.parallel, ex.slots) == (parallel, slots)
 
 
-def _visible_devices():
-    return os.environ.get("CUDA_VISIBLE_DEVICES")
+def _nothing():
+    return None
 
 
 @pytest.mark.slow  # two spawned worker processes
-def test_each_worker_is_pinned_to_its_gpu_from_its_start(gpus):
+def test_each_worker_is_pinned_to_its_gpu_from_its_start_and_checks_it(gpus):
+    # this process is made to see 2 GPUs (5 and 7); the workers start pinned to one each and check what they see:
+    # on this CPU machine they see none, so the first task stops the stage naming the worker's pinning
     gpus(2, "5,7")
     ex = Executor(ExecutorConfig(threads_per_worker=1), "auto")
     try:
-        got = dict((i, out) for i, _, out in ex.map([(_visible_devices, {}), (_visible_devices, {})]))
+        with pytest.raises(ConfigError) as err:
+            list(ex.map([(_nothing, {}), (_nothing, {})], tolerate=True))  # never a client's failure
     finally:
         ex.close()
-    assert got == {0: "5", 1: "7"}  # worker k sees only this process's GPU k
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,7"  # and this process's own setting is left as it was
+    assert re.fullmatch(r"executor: the worker for GPU (0 \(CUDA_VISIBLE_DEVICES=5\)|1 \(CUDA_VISIBLE_DEVICES=7\)) "
+                        r"sees 0 GPUs, not 1: something in the environment resets CUDA_VISIBLE_DEVICES; give "
+                        r"executor.devices GPU ids that exist", str(err.value)), str(err.value)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,7"  # this process's own setting is left as it was
 
 
 def test_compare_jobs_take_the_gpus_in_turn(gpus):

@@ -180,6 +180,7 @@ def _worker_main(conn: Connection, gpu: Optional[int], threads: int) -> None:
     """A worker process: run ``(index, fn, kwargs, returns_model)`` messages until ``None`` arrives."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle (it stops the workers)
     torch.set_num_threads(threads)
+    problem = None if gpu is None else _pinning_problem(gpu)
     while True:
         try:
             message = conn.recv()
@@ -189,6 +190,9 @@ def _worker_main(conn: Connection, gpu: Optional[int], threads: int) -> None:
             return
         index, fn, kwargs, returns_model = message
         conn.send((index, None, None, None))  # started: the timeout counts from here, not from the worker's start-up
+        if problem is not None:  # a worker that sees the wrong GPUs runs nothing: every task stops the run
+            conn.send((index, False, None, ConfigError(problem)))
+            continue
         if returns_model and kwargs.get("model") is not None:
             # the received weights share memory with the main process's model (torch's shared-memory pickling):
             # train a private copy, so that a task that fails half-way leaves the caller's model untouched
@@ -201,6 +205,20 @@ def _worker_main(conn: Connection, gpu: Optional[int], threads: int) -> None:
             conn.send(reply)
         except Exception as err:  # an exception that does not pickle
             conn.send((index, False, None, RuntimeError(_describe(reply[3]) if not reply[1] else _describe(err))))
+
+
+def _pinning_problem(gpu: int) -> Optional[str]:
+    """In a worker pinned to GPU ``gpu`` (its ``CUDA_VISIBLE_DEVICES`` set before it started): None when it sees
+    exactly one GPU (logged to stderr, with its name), else what it sees instead."""
+    import sys
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    count = torch.cuda.device_count()
+    if count == 1:
+        print(f"cosmos-pl worker {os.getpid()}: GPU {visible} ({torch.cuda.get_device_name(0)})", file=sys.stderr)
+        return None
+    return (f"executor: the worker for GPU {gpu} (CUDA_VISIBLE_DEVICES={visible}) sees {count} GPUs, not 1: "
+            "something in the environment resets CUDA_VISIBLE_DEVICES; give executor.devices GPU ids that exist")
 
 
 @dataclass(eq=False)
