@@ -130,11 +130,11 @@ def test_a_deterministic_stage_trains_the_same_model_as_the_default(restore_flag
 
 
 # ----------------------------------------------------------------------------------- shared memory (/dev/shm)
-def test_shared_memory_need_is_every_worker_s_largest_task():
+def test_shared_memory_need_is_the_resident_tensors_and_those_in_flight():
     from cosmos_pl.federated.executor import shared_memory_needed
 
-    # 2 workers x (client data 1000 + U 500 + targets 200 + the model twice, 2 x 300)
-    assert shared_memory_needed(2, 1000, 500, 200, 300) == 4600
+    # what this process keeps there, plus what the running tasks hold
+    assert shared_memory_needed(4000, 600) == 4600
 
 
 def test_too_little_shared_memory_stops_before_round_0_naming_shm_size(monkeypatch, repo_root, tmp_path, capsys):

@@ -55,19 +55,19 @@ def _nothing():
 
 @pytest.mark.slow  # two spawned worker processes
 def test_each_worker_is_pinned_to_its_gpu_from_its_start_and_checks_it(gpus):
-    # this process is made to see 2 GPUs (5 and 7); the workers start pinned to one each and check what they see:
-    # on this CPU machine they see none, so the first task stops the stage naming the worker's pinning
-    gpus(2, "5,7")
+    # this process is made to see 2 GPUs (98 and 99, ids no machine has); the workers start pinned to one each and
+    # check what they see: none, so the first task stops the stage naming the worker's pinning
+    gpus(2, "98,99")
     ex = Executor(ExecutorConfig(threads_per_worker=1), "auto")
     try:
         with pytest.raises(ConfigError) as err:
             list(ex.map([(_nothing, {}), (_nothing, {})], tolerate=True))  # never a client's failure
     finally:
         ex.close()
-    assert re.fullmatch(r"executor: the worker for GPU (0 \(CUDA_VISIBLE_DEVICES=5\)|1 \(CUDA_VISIBLE_DEVICES=7\)) "
+    assert re.fullmatch(r"executor: the worker for GPU (0 \(CUDA_VISIBLE_DEVICES=98\)|1 \(CUDA_VISIBLE_DEVICES=99\)) "
                         r"sees 0 GPUs, not 1: something in the environment resets CUDA_VISIBLE_DEVICES; give "
                         r"executor.devices GPU ids that exist", str(err.value)), str(err.value)
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,7"  # this process's own setting is left as it was
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "98,99"  # this process's own setting is left as it was
 
 
 def test_compare_jobs_take_the_gpus_in_turn(gpus):

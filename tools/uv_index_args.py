@@ -42,7 +42,8 @@ def uv_args(settings: dict[str, str]) -> list[str]:
 
 def main() -> int:
     listing = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
-    print(shlex.join(uv_args(pip_settings(listing))))
+    # the Makefile splits this on whitespace, unquoted: values hold no whitespace after pip's own splitting
+    print(" ".join(uv_args(pip_settings(listing))))
     return 0
 
 

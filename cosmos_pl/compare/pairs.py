@@ -265,7 +265,7 @@ def _run_pairs(cfg: Namespace, pairs: list[Pair], out: Path, algorithms: list[st
                     bar.update(tasks[p.label], completed=_rounds_done(p))
 
         free: queue.SimpleQueue = queue.SimpleQueue()  # the side-by-side slots, each with its GPUs
-        for slot in gpu_slots(jobs, torch.cuda.device_count()):
+        for slot in gpu_slots(min(jobs, max(1, len(todo))), torch.cuda.device_count()):  # no GPU left idle
             free.put(slot)
 
         def one(p: Pair) -> None:

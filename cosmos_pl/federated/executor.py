@@ -99,17 +99,17 @@ def physical_gpu(index: int) -> str:
     return [v.strip() for v in visible.split(",") if v.strip()][index]
 
 
-def shared_memory_needed(workers: int, data_bytes: int, public_bytes: int, target_bytes: int,
-                         model_bytes: int) -> int:
-    """Bytes a parallel stage may hold in shared memory at once: each of ``workers`` in-flight tasks carries the
-    largest client's data (``data_bytes``), U (``public_bytes``) and its targets (``target_bytes``, ``[|U|, M]``
-    float32), and the largest model twice (sent, and the trained copy sent back)."""
-    return workers * (data_bytes + public_bytes + target_bytes + 2 * model_bytes)
+def shared_memory_needed(resident: int, in_flight: int) -> int:
+    """Bytes a parallel run may hold in shared memory at once: ``resident``, the tensors this process sends or
+    receives and keeps (they stay in shared memory while held), plus ``in_flight``, those only the running tasks
+    hold."""
+    return resident + in_flight
 
 
 def check_shared_memory(needed: int, workers: int, path: str = "/dev/shm") -> None:
-    """Stop before round 0 when ``needed`` bytes (:func:`shared_memory_needed`) do not fit in ``path``'s free
-    space: torch passes tensors between processes through it, and running out mid-stage ends in a bus error.
+    """Stop before round 0 when ``needed`` bytes (:func:`shared_memory_needed`, an estimate) do not fit in
+    ``path``'s free space: torch passes tensors between processes through it, and running out mid-stage ends in a
+    bus error.
 
     Raises:
         ConfigError: naming the sizes, Docker's ``--shm-size`` and the settings that lower the need.
@@ -318,7 +318,7 @@ class Executor:
             tasks: ``(fn, kwargs)`` pairs.
             costs: estimated cost per task; the largest start first (parallel mode).
             returns_model: yield the trained ``kwargs["model"]`` (a copy) as ``model``.
-            tolerate: a task that raises (anything but a ConfigError or DataError), runs past ``timeout_s`` or
+            tolerate: a task that raises (anything but a ConfigError, DataError or GPU out of memory), runs past ``timeout_s`` or
                 loses its worker yields ``(index, None, TaskFailure(reason))`` instead of stopping the stage.
             timeout_s: seconds one task may run (None: no limit).
 
@@ -332,6 +332,11 @@ class Executor:
             yield from self._parallel(tasks, costs, returns_model, tolerate, timeout_s)
 
     def _failed(self, index: int, err: BaseException, tolerate: bool) -> tuple[int, Any, Any]:
+        if isinstance(err, torch.cuda.OutOfMemoryError):  # outside a stage's own check (moving data or a model)
+            raise DeviceMemoryError(
+                f"a task ran the GPU out of memory while moving its data or model there ({_describe(err)[:200]}); "
+                "run fewer workers per GPU (executor.workers_per_device), or lower the clients' data on the GPU "
+                "with smaller models or trainer.precision=bf16-mixed") from None
         if not tolerate or isinstance(err, _FATAL):
             raise err
         return index, None, TaskFailure(_describe(err))

@@ -103,13 +103,18 @@ def _fit(module: CosmosModule, model: nn.Module, trainer: TrainerConfig, epochs:
     """
     if trainer.compile:
         module.backbone = torch.compile(module.backbone)  # shares the parameters of the model trained in place
+    out_of_memory_error = None
     try:
         with _quiet_lightning():
             _trainer(trainer, epochs).fit(module, train_dataloaders=loader)
     except torch.cuda.OutOfMemoryError:
         batch_key = ("clients.batch_size" if module.optimizer_key.startswith("clients.")
                      else "algorithm.init_args.teacher_batch_size")
-        raise out_of_memory(module.where, getattr(loader.sampler, "batch_size", None), batch_key, trainer) from None
+        out_of_memory_error = out_of_memory(module.where, getattr(loader.sampler, "batch_size", None), batch_key,
+                                            trainer)
+    if out_of_memory_error is not None:  # outside the except block: its traceback no longer holds the activations
+        torch.cuda.empty_cache()  # for the other workers on this GPU
+        raise out_of_memory_error
     signals.check()  # a stop request whose exception was lost inside the stage (cosmos_pl.signals)
     bad = nonfinite_tensors(model)
     if bad:
@@ -121,7 +126,6 @@ def _fit(module: CosmosModule, model: nn.Module, trainer: TrainerConfig, epochs:
 def out_of_memory(where: str, batch_size: int | None, batch_key: str, trainer: TrainerConfig) -> DeviceMemoryError:
     """The one-line error for a GPU out of memory in the stage ``where`` (round, stage, client or teacher) at
     ``batch_size``, naming ``batch_key`` (the setting of that batch size) and the other settings that lower memory."""
-    torch.cuda.empty_cache()
     lower = [f"lower {batch_key}"]
     if trainer.precision in ("32-true", "32"):
         lower.append("train in trainer.precision=bf16-mixed")
@@ -380,10 +384,14 @@ def _batched_logits(model: nn.Module, x: torch.Tensor, trainer: TrainerConfig, w
                     batch = x[start : start + size].to(device, non_blocking=True)
                     logits = model(prepare(batch, channels_last=trainer.channels_last)).float()
                 except torch.cuda.OutOfMemoryError:
-                    if size == 1:
-                        raise out_of_memory(where, size, "trainer.inference_batch_size", trainer) from None
+                    failed = True
+                else:
+                    failed = False
+                if failed:  # outside the except block: its traceback no longer holds the batch's activations
                     batch = logits = None
                     torch.cuda.empty_cache()
+                    if size == 1:
+                        raise out_of_memory(where, size, "trainer.inference_batch_size", trainer)
                     size = max(1, size // 2)
                     continue
                 if not bool(torch.isfinite(logits).all()):
