@@ -288,7 +288,7 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
             "validation_set_sizes": [c.validation_size for c in infos], **(facts.partition if facts else {})})
         runner.last_checkpoint = resume_path
         try:
-            summary = runner.run(Path(cfg.round0_cache) if cfg.round0_cache else None, _round0_key(cfg), resume)
+            summary = runner.run(Path(cfg.round0_cache) if cfg.round0_cache else None, _round0_key(cfg, runner.executor.threads), resume)
         except Interrupted as err:
             err.run_dir, err.last_round = run_path, checkpoint.latest_round(run_path)
             raise
@@ -331,15 +331,20 @@ def final_line(summary: dict[str, Any], scored: str) -> str:
     return "; ".join(parts)
 
 
-def _round0_key(cfg: Namespace) -> str:
+def _round0_key(cfg: Namespace, threads: int) -> str:
     """The settings that decide round 0 (data and partition, clients' models and pre-training, augmentation,
-    numerics), as text."""
+    numerics), as text; with what they resolved to on this machine: the device ``trainer.accelerator`` names
+    (``auto`` is the GPU on one machine and the CPU on another) and ``threads``, the torch CPU threads per task
+    (sums are added in another order with another thread count), so a round 0 trained elsewhere is not reused."""
     import json
 
     from cosmos_pl.models import BACKBONE_REVISION
+    from cosmos_pl.training.config import resolve_device
 
     parts = {k: cfg[k] for k in ("seed", "data", "transformations", "trainer")}
     parts["backbone_revision"] = BACKBONE_REVISION  # models saved under another definition are not reused
+    device = resolve_device(cfg.trainer.accelerator).type
+    parts["resolved"] = {"device": device, "threads": threads if device == "cpu" else None}
     clients = cfg.clients.clone()
     del clients["local_epochs"], clients["distill_epochs"], clients["distill_optimizer"]
     parts["clients"] = clients

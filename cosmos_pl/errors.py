@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["UserError", "ConfigError", "DataError", "DivergenceError", "TrackingError", "check"]
+__all__ = ["UserError", "ConfigError", "DataError", "DivergenceError", "DeviceMemoryError", "TrackingError", "check"]
 
 
 class UserError(Exception):
@@ -26,6 +26,11 @@ class DataError(UserError, ValueError):
 
 class DivergenceError(UserError, FloatingPointError):
     """Training produced a non-finite loss or non-finite predictions; names the round, stage and client."""
+
+
+class DeviceMemoryError(UserError, MemoryError):
+    """The GPU ran out of memory in a stage: the run stops (it is never a client's failure, which would drop
+    clients for a setting); names the round, stage and client, the batch size, and the settings to lower."""
 
 
 class TrackingError(UserError, RuntimeError):

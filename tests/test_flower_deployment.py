@@ -179,10 +179,12 @@ def test_tls_deployment_of_sites_with_their_own_data(repo_root, tmp_path):
     try:
         procs.start("superlink", _argv(SUPERLINK, **fields), tmp_path, {"COSMOS_PL_AUDIT_OPENS": str(audit)})
         _wait(lambda: _healthy(link, keys / "ca.crt"), 60, "the SuperLink", logs)
-        for i in range(CLIENTS + 1):  # node_3 is registered too: the impostor below; node_4 never is
-            registered = subprocess.run(_argv(REGISTER, **fields, i=i), cwd=repo_root, env=env, capture_output=True,
-                                        text=True, timeout=120)
-            assert registered.returncode == 0, registered.stdout + registered.stderr
+        # node_3 is registered too: the impostor below; node_4 never is. The registrations run side by side.
+        registering = [subprocess.Popen(_argv(REGISTER, **fields, i=i), cwd=repo_root, env=env, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for i in range(CLIENTS + 1)]
+        for registered in registering:
+            out, _ = registered.communicate(timeout=120)
+            assert registered.returncode == 0, out
         for i in range(CLIENTS):
             supernode(f"supernode_{i}", i, tmp_path / f"node_{i}")
         supernode("unregistered", 4, tmp_path / "node_unregistered", partition=1)

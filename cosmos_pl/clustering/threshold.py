@@ -28,6 +28,11 @@ number is the final teacher h_pi(i) minus local-only (round 0), in points of mea
   fmnist_quickstart (10 clients, 5 groups): every rule recovers the groups (ARI 1.0) in 9 of 10 seeds, mean +2.8,
   worst +1.8; in seed 1 silhouette merges two groups (K 4, ARI 0.67, +3.0), otsu, separated and auto find K 6
   (ARI 0.88, +3.1). No seed is weak under auto.
+
+  cifar10_subset (20 clients, 5 groups, real CIFAR-10), its first round (PTC, ``--rounds 1``), seeds 0-2: every
+  rule finds the same clustering, K 5, ARI 1.00, silhouette 0.659 / 0.602 / 0.650 (B0 auto 1.071 / 1.268 / 0.961,
+  silhouette 0.708 / 1.024 / 0.658, otsu 1.269 / 1.185 / 1.182), so one run per seed stands for every rule:
+  teacher minus local-only +0.7 / +7.6 / +7.1 (local-only 0.6066 / 0.6917 / 0.6402). No seed is weak.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ round 0: it is trained once and kept in ``OUT/round0/`` (``fit --round0_cache``)
 resumes from its last round checkpoint (``fit --resume``); one that finished under a different config is an
 error (use a new ``--out``). A SIGTERM or Ctrl-C to compare reaches every running pair, which keeps its last
 complete round. Pairs run one after another or ``jobs`` side by side, the
-CPU cores split between them (two trainings with all threads each slow each other down many times over).
+CPU cores split between them (two trainings with all threads each slow each other down many times over), and
+the visible GPUs too: side-by-side pairs take the GPUs in turn (:func:`gpu_slots`).
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import signal
 import subprocess
 import sys
 import threading
+import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
 import yaml
 from jsonargparse import ArgumentParser, Namespace
 from rich.console import Console
@@ -37,7 +40,7 @@ from cosmos_pl.compare.report import PairResult, write_report
 from cosmos_pl.config import CompareConfig, check_seed, validate_config
 from cosmos_pl.errors import ConfigError, check
 from cosmos_pl.federated import checkpoint
-from cosmos_pl.federated.executor import available_cpus
+from cosmos_pl.federated.executor import available_cpus, physical_gpu
 from cosmos_pl.federated.locks import FolderLock
 from cosmos_pl.federated.run_directory import _mkdir, atomic_write_text
 
@@ -160,9 +163,22 @@ def _resumable(pair: Pair) -> bool:
 _RUNNING: set[subprocess.Popen] = set()
 
 
-def _launch(pair: Pair) -> Optional[str]:
-    """Run one pair in its own process, resuming an interrupted attempt from its last complete round; returns
-    None on success, else a one-line reason."""
+def gpu_slots(jobs: int, n_gpu: int) -> list[Optional[str]]:
+    """``CUDA_VISIBLE_DEVICES`` for each of ``jobs`` pairs run side by side over ``n_gpu`` visible GPUs (entries
+    of this process's own ``CUDA_VISIBLE_DEVICES`` when it is set): with no more jobs than GPUs, slot ``k`` gets
+    GPUs ``k, k + jobs, ...``; with more, GPU ``k mod n_gpu`` (pairs then share a GPU). ``None`` (the pair sees
+    what compare sees) for one job at a time or without GPUs."""
+    if jobs <= 1 or n_gpu == 0:
+        return [None] * jobs
+    if jobs <= n_gpu:
+        return [",".join(physical_gpu(g) for g in range(k, n_gpu, jobs)) for k in range(jobs)]
+    return [physical_gpu(k % n_gpu) for k in range(jobs)]
+
+
+def _launch(pair: Pair, gpus: Optional[str] = None) -> Optional[str]:
+    """Run one pair in its own process (on the GPUs ``gpus``, a ``CUDA_VISIBLE_DEVICES`` value, when given),
+    resuming an interrupted attempt from its last complete round; returns None on success, else a one-line
+    reason."""
     if _resumable(pair):
         cmd = [sys.executable, "-m", "cosmos_pl.cli", "fit", "--resume", str(pair.run_dir)]
         mode = "a"
@@ -175,6 +191,8 @@ def _launch(pair: Pair) -> Optional[str]:
         cmd = [sys.executable, "-m", "cosmos_pl.cli", "fit", "--config", str(pair.run_dir / "pair.yaml")]
         mode = "w"
     env = {**os.environ, "PYTHONHASHSEED": "0", "COLUMNS": "120"}
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
     with open(pair.run_dir / "log.txt", mode) as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         _RUNNING.add(proc)
@@ -246,11 +264,19 @@ def _run_pairs(cfg: Namespace, pairs: list[Pair], out: Path, algorithms: list[st
                 for p in todo:
                     bar.update(tasks[p.label], completed=_rounds_done(p))
 
+        free: queue.SimpleQueue = queue.SimpleQueue()  # the side-by-side slots, each with its GPUs
+        for slot in gpu_slots(min(jobs, max(1, len(todo))), torch.cuda.device_count()):  # no GPU left idle
+            free.put(slot)
+
         def one(p: Pair) -> None:
             bar.start_task(tasks[p.label])
-            console.print(f"started {p.label} -> {p.run_dir}")
+            gpus = free.get()
+            console.print(f"started {p.label} -> {p.run_dir}" + (f" on GPU {gpus}" if gpus is not None else ""))
             started = time.perf_counter()
-            errors[p.label] = _launch(p)
+            try:
+                errors[p.label] = _launch(p, gpus)
+            finally:
+                free.put(gpus)
             state = "failed" if errors[p.label] else "done"
             line = f"{p.label} ({state}, {time.perf_counter() - started:.0f} s)"
             bar.update(tasks[p.label], completed=_rounds_done(p), description=line)

@@ -27,9 +27,10 @@ from typing import Any, Callable, Iterator, Literal, Optional, Sequence, Union
 import torch
 
 from cosmos_pl import signals
-from cosmos_pl.errors import ConfigError, DataError, check
+from cosmos_pl.errors import ConfigError, DataError, DeviceMemoryError, check
 
-__all__ = ["ExecutorConfig", "Executor", "Task", "TaskFailure", "TaskTimeout", "available_cpus", "resolve_devices"]
+__all__ = ["ExecutorConfig", "Executor", "Task", "TaskFailure", "TaskTimeout", "available_cpus",
+           "check_shared_memory", "physical_gpu", "resolve_devices", "shared_memory_needed"]
 
 Task = tuple[Callable[..., Any], dict[str, Any]]
 
@@ -39,13 +40,15 @@ class ExecutorConfig:
     """How a stage's independent tasks are spread.
 
     Args:
-        kind: 'sequential' (one after another in this process) or 'parallel' (a pool of spawned workers).
+        kind: 'auto' (parallel when there are GPUs and more than one worker slot: every visible GPU, times
+            ``workers_per_device``; else sequential, as on a CPU), 'sequential' (one after another in this
+            process) or 'parallel' (a pool of spawned workers, also on the CPU).
         devices: 'auto' (every visible GPU, else one CPU slot), a count N (GPUs 0..N-1, or N CPU slots without CUDA), or a list of GPU ids.
         workers_per_device: workers sharing each device (several small clients can share one large GPU).
         threads_per_worker: torch CPU threads in every task, sequential included; None splits this machine's cores among the workers. Equal values give bit-identical results across executors.
     """
 
-    kind: Literal["sequential", "parallel"] = "sequential"
+    kind: Literal["auto", "sequential", "parallel"] = "auto"
     devices: Union[Literal["auto"], int, list[int]] = "auto"
     workers_per_device: int = 1
     threads_per_worker: Optional[int] = None
@@ -87,6 +90,45 @@ def resolve_devices(devices: Union[str, int, list[int]], accelerator: str = "aut
     raise ConfigError(f"executor.devices={devices!r}: use 'auto', a count, or a list of GPU ids")
 
 
+def physical_gpu(index: int) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` entry of visible GPU ``index`` (this process's own ``CUDA_VISIBLE_DEVICES``
+    renumbers the GPUs it lists from 0): what a child process pinned to that GPU is given."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return str(index)
+    return [v.strip() for v in visible.split(",") if v.strip()][index]
+
+
+def shared_memory_needed(resident: int, in_flight: int) -> int:
+    """Bytes a parallel run may hold in shared memory at once: ``resident``, the tensors this process sends or
+    receives and keeps (they stay in shared memory while held), plus ``in_flight``, those only the running tasks
+    hold."""
+    return resident + in_flight
+
+
+def check_shared_memory(needed: int, workers: int, path: str = "/dev/shm") -> None:
+    """Stop before round 0 when ``needed`` bytes (:func:`shared_memory_needed`, an estimate) do not fit in
+    ``path``'s free space: torch passes tensors between processes through it, and running out mid-stage ends in a
+    bus error.
+
+    Raises:
+        ConfigError: naming the sizes, Docker's ``--shm-size`` and the settings that lower the need.
+    """
+    import shutil
+
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:  # no such file system here (macOS, Windows): nothing to check against
+        return
+    if needed > free:
+        mib = 2 ** 20
+        raise ConfigError(
+            f"executor: {workers} parallel workers may hold about {needed / mib:.0f} MiB in shared memory "
+            f"({path}) at once, and it has {free / mib:.0f} MiB free: give the container more (docker run "
+            f"--shm-size={max(1, -(-2 * needed // 2 ** 30))}g), or lower executor.workers_per_device or "
+            "executor.devices, or use executor.kind sequential")
+
+
 def available_cpus() -> int:
     """The CPU cores this process may run on: its affinity mask (``taskset``, a container's cpuset, a test
     worker pinned to one core), else ``os.cpu_count()``."""
@@ -119,8 +161,9 @@ class TaskTimeout(Exception):
     """A task ran past ``failures.timeout_s``."""
 
 
-# Errors in the settings or the data are the user's to fix, not a client's failure: they always stop the run.
-_FATAL = (ConfigError, DataError)
+# Errors in the settings or the data, and a GPU out of memory, are the user's to fix, not a client's failure: they
+# always stop the run.
+_FATAL = (ConfigError, DataError, DeviceMemoryError)
 
 
 def _describe(err: BaseException) -> str:
@@ -136,9 +179,8 @@ def _run(fn: Callable[..., Any], kwargs: dict[str, Any], returns_model: bool) ->
 def _worker_main(conn: Connection, gpu: Optional[int], threads: int) -> None:
     """A worker process: run ``(index, fn, kwargs, returns_model)`` messages until ``None`` arrives."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle (it stops the workers)
-    if gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # before CUDA is first touched in this process
     torch.set_num_threads(threads)
+    problem = None if gpu is None else _pinning_problem(gpu)
     while True:
         try:
             message = conn.recv()
@@ -148,6 +190,9 @@ def _worker_main(conn: Connection, gpu: Optional[int], threads: int) -> None:
             return
         index, fn, kwargs, returns_model = message
         conn.send((index, None, None, None))  # started: the timeout counts from here, not from the worker's start-up
+        if problem is not None:  # a worker that sees the wrong GPUs runs nothing: every task stops the run
+            conn.send((index, False, None, ConfigError(problem)))
+            continue
         if returns_model and kwargs.get("model") is not None:
             # the received weights share memory with the main process's model (torch's shared-memory pickling):
             # train a private copy, so that a task that fails half-way leaves the caller's model untouched
@@ -160,6 +205,20 @@ def _worker_main(conn: Connection, gpu: Optional[int], threads: int) -> None:
             conn.send(reply)
         except Exception as err:  # an exception that does not pickle
             conn.send((index, False, None, RuntimeError(_describe(reply[3]) if not reply[1] else _describe(err))))
+
+
+def _pinning_problem(gpu: int) -> Optional[str]:
+    """In a worker pinned to GPU ``gpu`` (its ``CUDA_VISIBLE_DEVICES`` set before it started): None when it sees
+    exactly one GPU (logged to stderr, with its name), else what it sees instead."""
+    import sys
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    count = torch.cuda.device_count()
+    if count == 1:
+        print(f"cosmos-pl worker {os.getpid()}: GPU {visible} ({torch.cuda.get_device_name(0)})", file=sys.stderr)
+        return None
+    return (f"executor: the worker for GPU {gpu} (CUDA_VISIBLE_DEVICES={visible}) sees {count} GPUs, not 1: "
+            "something in the environment resets CUDA_VISIBLE_DEVICES; give executor.devices GPU ids that exist")
 
 
 @dataclass(eq=False)
@@ -209,7 +268,8 @@ class Executor:
             raise ConfigError(f"executor.workers_per_device={cfg.workers_per_device}: must be >= 1")
         self.cfg = cfg
         self.slots = resolve_devices(cfg.devices, accelerator) * cfg.workers_per_device
-        self.parallel = cfg.kind == "parallel" and len(self.slots) > 1
+        on_gpus = any(slot is not None for slot in self.slots)
+        self.parallel = len(self.slots) > 1 and (cfg.kind == "parallel" or (cfg.kind == "auto" and on_gpus))
         self.threads = _threads(cfg, len(self.slots) if self.parallel else 1)
         self._workers: list[_Worker] = []
         self.replaced_workers = 0
@@ -219,7 +279,19 @@ class Executor:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
         process = ctx.Process(target=_worker_main, args=(child, gpu, self.threads), daemon=True)
-        process.start()
+        # pinned before the child exists: spawn copies the environment at start, so the worker sees only its GPU
+        # (as cuda:0) from its first import on, whatever touches CUDA while it imports
+        before = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if gpu is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = physical_gpu(gpu)
+        try:
+            process.start()
+        finally:
+            if gpu is not None:
+                if before is None:
+                    del os.environ["CUDA_VISIBLE_DEVICES"]
+                else:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = before
         child.close()
         return _Worker(process, parent, gpu)
 
@@ -246,7 +318,7 @@ class Executor:
             tasks: ``(fn, kwargs)`` pairs.
             costs: estimated cost per task; the largest start first (parallel mode).
             returns_model: yield the trained ``kwargs["model"]`` (a copy) as ``model``.
-            tolerate: a task that raises (anything but a ConfigError or DataError), runs past ``timeout_s`` or
+            tolerate: a task that raises (anything but a ConfigError, DataError or GPU out of memory), runs past ``timeout_s`` or
                 loses its worker yields ``(index, None, TaskFailure(reason))`` instead of stopping the stage.
             timeout_s: seconds one task may run (None: no limit).
 
@@ -260,6 +332,11 @@ class Executor:
             yield from self._parallel(tasks, costs, returns_model, tolerate, timeout_s)
 
     def _failed(self, index: int, err: BaseException, tolerate: bool) -> tuple[int, Any, Any]:
+        if isinstance(err, torch.cuda.OutOfMemoryError):  # outside a stage's own check (moving data or a model)
+            raise DeviceMemoryError(
+                f"a task ran the GPU out of memory while moving its data or model there ({_describe(err)[:200]}); "
+                "run fewer workers per GPU (executor.workers_per_device), or lower the clients' data on the GPU "
+                "with smaller models or trainer.precision=bf16-mixed") from None
         if not tolerate or isinstance(err, _FATAL):
             raise err
         return index, None, TaskFailure(_describe(err))

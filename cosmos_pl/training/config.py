@@ -7,14 +7,14 @@ document and check its settings without importing the trainer stack.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Union
 
 import numpy as np
 import torch
 
 from cosmos_pl.errors import check
 
-__all__ = ["TrainerConfig", "resolve_device", "stage_seed"]
+__all__ = ["TrainerConfig", "apply_determinism", "resolve_device", "stage_seed"]
 
 # Stage ids for stage_seed; appended only, so existing seeds never change.
 _STAGES = {"init": 0, "local": 1, "teacher": 2, "distill": 3, "teacher_init": 4, "joint": 5, "union": 6,
@@ -33,6 +33,10 @@ class TrainerConfig:
             convolutions on this project's 2-core CPU, and the fast path for mixed precision on GPUs).
         compile: wrap each backbone in ``torch.compile`` for training (pays a compile per stage; worth it
             for long stages on a GPU).
+        deterministic: ``true``: torch's deterministic algorithms only (an op without one raises), cuDNN
+            deterministic, no cuDNN autotuning; ``"warn"``: the same, but such an op warns instead of raising;
+            ``false``: torch's defaults, with cuDNN autotuning (``cudnn.benchmark``) on a GPU. On the CPU runs are
+            exact with any value (same config, seed and thread count); see README's GPU section.
     """
 
     accelerator: Literal["auto", "cpu", "gpu", "cuda"] = "auto"
@@ -40,10 +44,25 @@ class TrainerConfig:
     inference_batch_size: int = 1024
     channels_last: bool = True
     compile: bool = False
+    deterministic: Union[bool, Literal["warn"]] = False
 
     def __post_init__(self) -> None:
         """Raises ConfigError for a batch size < 1 (whether CUDA exists: ``cosmos_pl.config.validate_config``)."""
         check(self.inference_batch_size >= 1, "trainer.inference_batch_size", self.inference_batch_size, "must be >= 1")
+
+
+def apply_determinism(cfg: TrainerConfig) -> None:
+    """Set torch's process-wide numerics flags from ``cfg.deterministic`` (as Lightning's Trainer sets them for the
+    same ``deterministic`` and ``benchmark`` arguments, which every stage's Trainer is given too): inference outside
+    a Trainer runs under the same flags."""
+    import os
+
+    deterministic = cfg.deterministic is not False
+    torch.use_deterministic_algorithms(deterministic, warn_only=cfg.deterministic == "warn")
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = not deterministic and resolve_device(cfg.accelerator).type == "cuda"
+    if deterministic:  # cuBLAS needs a fixed workspace to be deterministic (torch's reproducibility notes)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def resolve_device(accelerator: str) -> torch.device:

@@ -23,8 +23,8 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, S
 from torchmetrics.classification import MulticlassAccuracy
 
 from cosmos_pl import signals
-from cosmos_pl.errors import DivergenceError
-from cosmos_pl.training.config import TrainerConfig, resolve_device, stage_seed  # re-exported
+from cosmos_pl.errors import DeviceMemoryError, DivergenceError
+from cosmos_pl.training.config import TrainerConfig, apply_determinism, resolve_device, stage_seed  # re-exported
 from cosmos_pl.modules import DistillationModule, JointModule, SupervisedModule
 from cosmos_pl.modules.base import CosmosModule, OptimizerFactory
 from cosmos_pl.transforms import Transformations, prepare
@@ -103,14 +103,35 @@ def _fit(module: CosmosModule, model: nn.Module, trainer: TrainerConfig, epochs:
     """
     if trainer.compile:
         module.backbone = torch.compile(module.backbone)  # shares the parameters of the model trained in place
-    with _quiet_lightning():
-        _trainer(trainer, epochs).fit(module, train_dataloaders=loader)
+    out_of_memory_error = None
+    try:
+        with _quiet_lightning():
+            _trainer(trainer, epochs).fit(module, train_dataloaders=loader)
+    except torch.cuda.OutOfMemoryError:
+        batch_key = ("clients.batch_size" if module.optimizer_key.startswith("clients.")
+                     else "algorithm.init_args.teacher_batch_size")
+        out_of_memory_error = out_of_memory(module.where, getattr(loader.sampler, "batch_size", None), batch_key,
+                                            trainer)
+    if out_of_memory_error is not None:  # outside the except block: its traceback no longer holds the activations
+        torch.cuda.empty_cache()  # for the other workers on this GPU
+        raise out_of_memory_error
     signals.check()  # a stop request whose exception was lost inside the stage (cosmos_pl.signals)
     bad = nonfinite_tensors(model)
     if bad:
         others = f" and {len(bad) - 1} other tensors" if len(bad) > 1 else ""
         raise module.diverged(f"after {epochs} epoch(s) the model's weights are non-finite ({bad[0]}{others}) "
                               f"although every training loss was finite")
+
+
+def out_of_memory(where: str, batch_size: int | None, batch_key: str, trainer: TrainerConfig) -> DeviceMemoryError:
+    """The one-line error for a GPU out of memory in the stage ``where`` (round, stage, client or teacher) at
+    ``batch_size``, naming ``batch_key`` (the setting of that batch size) and the other settings that lower memory."""
+    lower = [f"lower {batch_key}"]
+    if trainer.precision in ("32-true", "32"):
+        lower.append("train in trainer.precision=bf16-mixed")
+    lower.append("run fewer workers per GPU (executor.workers_per_device)")
+    return DeviceMemoryError(f"{where}: the GPU ran out of memory at batch size {batch_size} "
+                             f"(trainer.precision={trainer.precision}); {', or '.join(lower)}")
 
 
 def nonfinite_tensors(model: nn.Module) -> list[str]:
@@ -154,10 +175,13 @@ class _StopRequests(pl.Callback):
 
 def _trainer(cfg: TrainerConfig, epochs: int) -> pl.Trainer:
     accelerator = "gpu" if resolve_device(cfg.accelerator).type == "cuda" else "cpu"
+    apply_determinism(cfg)
     return pl.Trainer(
         accelerator=accelerator,
         devices=1,
         precision=cfg.precision,
+        deterministic=cfg.deterministic,
+        benchmark=torch.backends.cudnn.benchmark,
         max_epochs=epochs,
         logger=False,  # one tracking run per experiment, stepped by round (pitfall 12)
         enable_checkpointing=False,
@@ -341,21 +365,39 @@ def _nonfinite_logits_error(model: nn.Module, logits: torch.Tensor, start: int, 
 
 
 def _batched_logits(model: nn.Module, x: torch.Tensor, trainer: TrainerConfig, where: str = "inference"):
-    """Yield ``(start, float logits [b, M])`` per inference batch of ``x``; raise :class:`DivergenceError` at the
-    first batch with a non-finite logit."""
+    """Yield ``(start, float logits [b, M])`` per inference batch of ``x``, in order; raise :class:`DivergenceError`
+    at the first batch with a non-finite logit.
+
+    A batch that runs the GPU out of memory is retried at half the batch size (and the rest of ``x`` goes at that
+    size); at batch size 1 it raises :class:`DeviceMemoryError` naming ``trainer.inference_batch_size``."""
     device = resolve_device(trainer.accelerator)
+    apply_determinism(trainer)
     was_training = model.training
     model.eval().to(device)
     if trainer.channels_last:
         model.to(memory_format=torch.channels_last)
+    size, start = trainer.inference_batch_size, 0
     try:
         with torch.inference_mode(), _autocast(device, trainer.precision):
-            for start in range(0, len(x), trainer.inference_batch_size):
-                batch = x[start : start + trainer.inference_batch_size].to(device, non_blocking=True)
-                logits = model(prepare(batch, channels_last=trainer.channels_last)).float()
+            while start < len(x):
+                try:
+                    batch = x[start : start + size].to(device, non_blocking=True)
+                    logits = model(prepare(batch, channels_last=trainer.channels_last)).float()
+                except torch.cuda.OutOfMemoryError:
+                    failed = True
+                else:
+                    failed = False
+                if failed:  # outside the except block: its traceback no longer holds the batch's activations
+                    batch = logits = None
+                    torch.cuda.empty_cache()
+                    if size == 1:
+                        raise out_of_memory(where, size, "trainer.inference_batch_size", trainer)
+                    size = max(1, size // 2)
+                    continue
                 if not bool(torch.isfinite(logits).all()):
                     raise _nonfinite_logits_error(model, logits, start, len(x), where, trainer.precision)
                 yield start, logits
+                start += len(logits)
     finally:
         model.cpu().train(was_training)
 
