@@ -15,8 +15,11 @@ venv: $(VENV)/.installed
 # release this project is tested with (CPU and CUDA alike). One install per target (one resolve). uv does it: it
 # unpacks on every core (the CUDA torch wheels are about 6 GB unpacked), about 1.3 min here where pip took 3.8; it is
 # installed from the same package indexes by pip, and given pip's index settings (tools/uv_index_args.py). Should uv
-# fail, pip installs instead. No bytecode is compiled ahead: each module is compiled once, when first imported.
+# fail, pip installs instead. Then bytecode on every core: where PYTHONDONTWRITEBYTECODE is set (as on this
+# project's machines) nothing else writes it, and every process would compile each module it imports again (as
+# with pip, the few files that do not compile, templates and test data inside packages, are skipped).
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check --no-compile
+COMPILE     := $(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 UV_INSTALL   = $(PIP_INSTALL) uv && $(VENV)/bin/uv pip install --quiet --python $(PY) $$($(PY) tools/uv_index_args.py)
 INSTALL      = { $(UV_INSTALL) $(1) || { echo "uv failed: installing with pip"; $(PIP_INSTALL) $(1); }; }
 TORCH       := torch==2.14.1 torchvision==0.29.1
@@ -24,6 +27,7 @@ TORCH       := torch==2.14.1 torchvision==0.29.1
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(call INSTALL,$(TORCH) -e .)
+	$(COMPILE)
 	touch $@
 
 # the tests cover the Flower transport too: the `flower` extra (flwr with its simulation engine) comes with them;
@@ -32,6 +36,7 @@ TEST_EXTRAS := '.[test,flower]'
 $(VENV)/.installed-test: pyproject.toml
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(call INSTALL,$(TORCH) -e $(TEST_EXTRAS))
+	$(COMPILE)
 	touch $(VENV)/.installed $@
 
 data: $(FMNIST)
