@@ -288,7 +288,8 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
             "validation_set_sizes": [c.validation_size for c in infos], **(facts.partition if facts else {})})
         runner.last_checkpoint = resume_path
         try:
-            summary = runner.run(Path(cfg.round0_cache) if cfg.round0_cache else None, _round0_key(cfg, runner.executor.threads), resume)
+            cache = Path(cfg.round0_cache) if cfg.round0_cache else None
+            summary = runner.run(cache, _round0_key(cfg, runner.executor.threads), resume)
         except Interrupted as err:
             err.run_dir, err.last_round = run_path, checkpoint.latest_round(run_path)
             raise

@@ -20,6 +20,18 @@ if _worker.startswith("gw") and hasattr(os, "sched_setaffinity"):
         os.environ["OMP_NUM_THREADS"] = str(len(_mine))
 
 
+@pytest.fixture
+def restore_flags():
+    """torch's process-wide numerics flags as they were before the test (``trainer.deterministic`` sets them)."""
+    import torch
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
+
+
 @pytest.fixture(scope="session")
 def repo_root():
     from pathlib import Path

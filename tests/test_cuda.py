@@ -44,15 +44,6 @@ def test_mixed_precision_trains_and_predicts_on_the_gpu(precision):
     torch.testing.assert_close(probs.sum(1), torch.ones(96), rtol=0, atol=1e-5)
 
 
-@pytest.fixture
-def restore_flags():
-    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
-    yield
-    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
-
-
 def test_deterministic_true_gives_identical_weights_twice(restore_flags):
     x, y = _data()
     cfg = TrainerConfig(accelerator="cuda", deterministic=True)

@@ -97,15 +97,6 @@ def test_the_executor_never_turns_out_of_memory_into_a_client_failure():
         executor.close()
 
 
-@pytest.fixture
-def restore_flags():
-    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
-    yield
-    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
-
-
 @pytest.mark.parametrize("value, enabled, warn_only", [(True, True, False), ("warn", True, True),
                                                         (False, False, False)])
 def test_deterministic_sets_torch_and_cudnn_flags(restore_flags, value, enabled, warn_only):
@@ -130,11 +121,13 @@ def test_a_deterministic_stage_trains_the_same_model_as_the_default(restore_flag
 
 
 # ----------------------------------------------------------------------------------- shared memory (/dev/shm)
-def test_shared_memory_need_is_the_resident_tensors_and_those_in_flight():
+def test_shared_memory_need_counts_what_stays_there_and_the_teachers_in_flight():
     from cosmos_pl.federated.executor import shared_memory_needed
 
-    # what this process keeps there, plus what the running tasks hold
-    assert shared_memory_needed(4000, 600) == 4600
+    # 100 samples of 72 bytes + U 500 + uploads 200 + 4 float32 copies of 1,000 parameters (16,000)
+    # + 2 workers sending and receiving a 300-byte teacher (1,200)
+    assert shared_memory_needed(samples=100, sample_bytes=72, public_bytes=500, upload_bytes=200, parameters=1000,
+                                server_model_bytes=300, workers=2) == 7200 + 500 + 200 + 16000 + 1200
 
 
 def test_too_little_shared_memory_stops_before_round_0_naming_shm_size(monkeypatch, repo_root, tmp_path, capsys):

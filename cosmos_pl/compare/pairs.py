@@ -16,12 +16,12 @@ from __future__ import annotations
 import csv
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
 import threading
-import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass

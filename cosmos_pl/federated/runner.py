@@ -123,17 +123,8 @@ class Runner:
             local_epochs=self.ccfg.local_epochs, distill_epochs=self.ccfg.distill_epochs, log=self._algorithm_log))
 
     def _check_shared_memory(self, infos: list) -> None:
-        """Before round 0: what a parallel run moves into shared memory must fit in /dev/shm
-        (:func:`check_shared_memory`). torch moves a tensor it sends to a worker into shared memory in place, and it
-        stays there while this process holds it: every client's data and model, U, the uploads and the models sent
-        back. Server models (teachers) are counted for the tasks in flight only."""
-        sample = self.server.in_chans * math.prod(self.server.image_shape) + 8  # uint8 pixels and an int64 label
-        data = sum(c.train_size + c.test_size + c.validation_size for c in infos) * sample
-        uploads = len(infos) * len(self.public) * self.server.num_classes * 4  # [|U|, M] float32 each
-        # float32 parameters, four copies per client: sent, the trained copy sent back, and the copies a round's
-        # stages keep until they are replaced (measured on digits_smoke, 2 workers: a peak of 34.4 MiB for 10
-        # clients and 68.8 MiB for 20, against 38.3 and 74.8 MiB estimated)
-        models = 4 * 4 * sum(c.parameters for c in infos)
+        """Before round 0: what a parallel run may move into shared memory (:func:`shared_memory_needed`) must fit
+        in /dev/shm (:func:`check_shared_memory`)."""
         server = 0
         names = set(self.algorithm.server_backbones().values())
         if names:
@@ -141,8 +132,12 @@ class Runner:
                 server = max(sum(t.numel() * t.element_size() for t in self.make_backbone(n, 0).state_dict().values())
                              for n in names)
         workers = len(self.executor.slots)
-        needed = shared_memory_needed(data + self.public.numel() + uploads + models, 2 * workers * server)
-        check_shared_memory(needed, workers)
+        check_shared_memory(shared_memory_needed(
+            samples=sum(c.train_size + c.test_size + c.validation_size for c in infos),
+            sample_bytes=self.server.in_chans * math.prod(self.server.image_shape) + 8,  # uint8 pixels, int64 label
+            public_bytes=self.public.numel(),
+            upload_bytes=len(infos) * len(self.public) * self.server.num_classes * 4,  # [|U|, M] float32 each
+            parameters=sum(c.parameters for c in infos), server_model_bytes=server, workers=workers), workers)
 
     def make_backbone(self, name: str, seed: int) -> nn.Module:
         """A Kaiming-initialized backbone for the server's images, created under ``torch.manual_seed(seed)``; its

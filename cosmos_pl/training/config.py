@@ -6,6 +6,7 @@ document and check its settings without importing the trainer stack.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal, Union
 
@@ -55,8 +56,6 @@ def apply_determinism(cfg: TrainerConfig) -> None:
     """Set torch's process-wide numerics flags from ``cfg.deterministic`` (as Lightning's Trainer sets them for the
     same ``deterministic`` and ``benchmark`` arguments, which every stage's Trainer is given too): inference outside
     a Trainer runs under the same flags."""
-    import os
-
     deterministic = cfg.deterministic is not False
     torch.use_deterministic_algorithms(deterministic, warn_only=cfg.deterministic == "warn")
     torch.backends.cudnn.deterministic = deterministic

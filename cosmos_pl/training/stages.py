@@ -381,18 +381,15 @@ def _batched_logits(model: nn.Module, x: torch.Tensor, trainer: TrainerConfig, w
         with torch.inference_mode(), _autocast(device, trainer.precision):
             while start < len(x):
                 try:
-                    batch = x[start : start + size].to(device, non_blocking=True)
-                    logits = model(prepare(batch, channels_last=trainer.channels_last)).float()
+                    logits = model(prepare(x[start : start + size].to(device, non_blocking=True),
+                                           channels_last=trainer.channels_last)).float()
                 except torch.cuda.OutOfMemoryError:
-                    failed = True
-                else:
-                    failed = False
-                if failed:  # outside the except block: its traceback no longer holds the batch's activations
-                    batch = logits = None
+                    logits = None
+                if logits is None:  # outside the except block: its traceback no longer holds the activations
                     torch.cuda.empty_cache()
                     if size == 1:
                         raise out_of_memory(where, size, "trainer.inference_batch_size", trainer)
-                    size = max(1, size // 2)
+                    size //= 2
                     continue
                 if not bool(torch.isfinite(logits).all()):
                     raise _nonfinite_logits_error(model, logits, start, len(x), where, trainer.precision)
