@@ -63,7 +63,9 @@ def test_inference_out_of_memory_retries_at_half_the_batch_with_the_same_outputs
     expected = predict_probs(_Small(), x, cfg)
     model = _Small(limit=10)
     got = predict_probs(model, x, cfg)
-    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    # the same model on the same images: equal up to float32 rounding (a matrix product's summation order, and so its
+    # last bit, may depend on how many rows go through it at once)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
     # 32 fails, 16 fails, 8 fits: then the rest of U goes at 8 (40 = 5 x 8)
     assert model.sizes == [32, 16, 8, 8, 8, 8, 8]
 
