@@ -1,8 +1,9 @@
 """Time one IFFT round of a config: ``benchmarks/paper_round.py --config configs/cifar100.yaml [overrides]``.
 
-Runs round 0 and the PTC round with one epoch each (warm-up, not timed), then one IFFT round with the
-config's own epochs, and reports that round's seconds, images per second per stage and peak GPU memory.
-The last line is JSON.
+Runs round 0 and the PTC round with one epoch each (warm-up, not timed; more in round 0 with
+``--clients.pretrain_epochs``), then one IFFT round with the config's own epochs, and reports that round's seconds, seconds and images per second per stage, and per GPU the
+peak memory and mean utilisation of every process on it (``nvidia-smi``, sampled over the whole run). The last line
+is JSON. ``benchmarks/gpu_check.sh`` runs it on the paper's setup.
 """
 
 from __future__ import annotations
@@ -12,44 +13,71 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit  # noqa: E402
+from gpu_monitor import GpuMonitor  # noqa: E402
 
-from cosmos_pl.cli import build_fit_parser, run_fit  # noqa: E402
+# after the caller's settings, so that they win: the PTC round is warm-up, the IFFT round (2) is timed
+WARM_UP = ["--algorithm.init_args.ptc_epochs", "1", "--rounds", "2", "--wandb.mode", "disabled"]
+
+
+def images_by_stage(cfg, run_dir: Path, summary: dict) -> dict[str, int]:
+    """Images through each stage of the IFFT round; an image counts once per view (forward and backward once).
+
+    Local training: every client's training images x local epochs; pseudo-labels: N x |U|; teacher distillation:
+    K x |U| x teacher epochs x (1 + num_views); client distillation: N x |U| x distill epochs x (1 + num_views)
+    (Algorithm 2's stages; views as in Eq. 1)."""
+    sizes = json.loads((run_dir / "partition.json").read_text())["sizes"]
+    n_pub, n_clients = summary["communication"]["public_samples"], summary["num_clients"]
+    algo = cfg.algorithm.init_args
+    views = 1 + algo.num_views
+    k = summary["clusters"]["K"] or 0
+    return {"local training": sum(sizes) * cfg.clients.local_epochs,
+            "pseudo-labels": n_clients * n_pub,
+            "teacher distillation": k * n_pub * algo.teacher_epochs * views,
+            "client distillation": n_clients * n_pub * cfg.clients.distill_epochs * views}
+
+
+def time_round(argv: list[str], run_dir: Path) -> dict:
+    """Run ``cosmos-pl fit`` with ``argv`` (then :data:`WARM_UP`) into ``run_dir`` under a :class:`GpuMonitor`;
+    return the IFFT round's figures: ``seconds_per_round``, ``seconds_by_stage``, ``images_per_round_by_stage``,
+    ``images_per_second_by_stage``, ``gpus`` (see :meth:`GpuMonitor.report`), ``clusters`` (K and the adjusted Rand
+    index against the true groups) and ``final`` (the teacher's and the client's mean personalized accuracy)."""
+    from cosmos_pl.cli import build_fit_parser, run_fit
+
+    parser = build_fit_parser()
+    cfg = parser.parse_args([*argv, *WARM_UP, "--run_dir", str(run_dir)])
+    with GpuMonitor() as monitor:
+        run_fit(cfg, parser)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    stage_s = summary["stage_seconds_by_round"]["2"]
+    images = images_by_stage(cfg, run_dir, summary)
+    final = summary["final"]
+    return {"seconds_per_round": summary["round_seconds"]["2"], "seconds_by_stage": stage_s,
+            "images_per_round_by_stage": images,
+            "images_per_second_by_stage": {s: round(n / stage_s[s], 1) for s, n in images.items() if stage_s.get(s)},
+            "gpus": monitor.report(),
+            "clusters": {"K": summary["clusters"]["K"], "adjusted_rand_index": summary["clusters"]["adjusted_rand_index"]},
+            "final": {k: final[k]["mean"] for k in ("teacher_acc", "client_acc") if k in final}}
+
+
+def print_figures(figures: dict) -> None:
+    print(f"IFFT round: {figures['seconds_per_round']:.1f} s")
+    for stage, n in figures["images_per_round_by_stage"].items():
+        print(f"  {stage:22s} {n:>10,d} images in {figures['seconds_by_stage'].get(stage, 0):7.1f} s = "
+              f"{figures['images_per_second_by_stage'].get(stage, 0):>10,.0f} images/s")
+    for gpu in figures["gpus"]:
+        print(f"  GPU {gpu['index']} ({gpu['name']}): peak {gpu['peak_memory_mib'] / 1024:.2f} of "
+              f"{gpu['total_memory_mib'] / 1024:.0f} GiB, mean utilisation {gpu['mean_utilisation_percent']}%")
+    if not figures["gpus"]:
+        print("  no GPU seen (nvidia-smi absent)")
 
 
 def main() -> None:
-    parser = build_fit_parser()
-    run_dir = tempfile.mkdtemp(prefix="paper_round-")
-    argv = sys.argv[1:] + ["--clients.pretrain_epochs", "1", "--algorithm.ptc_epochs", "1", "--rounds", "2",
-                           "--wandb.mode", "disabled", "--run_dir", run_dir]
-    cfg = parser.parse_args(argv)
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    summary = run_fit(cfg, parser)
-    seconds = summary["round_seconds"]["2"]
-    n_pub = summary["communication"]["public_samples"]
-    n_clients = summary["num_clients"]
-    algo = cfg.algorithm.init_args
-    views = 1 + algo.num_views
-    k = summary["clusters"]["K"]
-    # images through each stage in the IFFT round (forward+backward counted once per image and view)
-    sizes = json.loads((Path(run_dir) / "partition.json").read_text())["sizes"]
-    images = {"local training": sum(sizes) * cfg.clients.local_epochs,
-              "pseudo-labels": n_clients * n_pub,
-              "teacher distillation": k * n_pub * algo.teacher_epochs * views,
-              "client distillation": n_clients * n_pub * cfg.clients.distill_epochs * views}
-    peak = max((torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count())), default=0)
-    print(f"IFFT round: {seconds:.1f} s on {torch.cuda.device_count()} GPU(s); peak GPU memory {peak / 2**30:.2f} GiB")
-    stage_s = summary["stage_seconds_by_round"]["2"]
-    rates = {stage: round(n / stage_s[stage], 1) for stage, n in images.items() if stage_s.get(stage)}
-    for stage, n in images.items():
-        print(f"  {stage:22s} {n:>10,d} images in {stage_s.get(stage, 0):7.1f} s = {rates.get(stage, 0):>10,.0f} images/s")
-    emit({"seconds_per_round": round(seconds, 2), "images_per_second_by_stage": rates,
-          "images_per_round_by_stage": images, "peak_gpu_memory_bytes": int(peak),
-          "note": "peak memory is this process's; with the parallel executor workers hold their own"})
+    # round 0 is warm-up too here: one epoch (before the caller's settings, which may give more)
+    figures = time_round(["--clients.pretrain_epochs", "1", *sys.argv[1:]], Path(tempfile.mkdtemp(prefix="paper_round-")))
+    print_figures(figures)
+    emit(figures)
 
 
 if __name__ == "__main__":
