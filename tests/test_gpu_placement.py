@@ -79,3 +79,52 @@ def test_compare_jobs_take_the_gpus_in_turn(gpus):
     assert gpu_slots(2, 0) == [None, None]  # no GPU: CPU cores only, split as before
     gpus(2, "4,6")
     assert gpu_slots(2, 2) == ["4", "6"]
+
+
+GIB = 2 ** 30
+
+
+def test_auto_workers_per_device_by_hand():
+    from cosmos_pl.federated.executor import auto_workers_per_device, worker_gpu_bytes
+
+    # 2 GPUs with 20 and 30 GiB free, 5 GiB a worker: 0.8 * 20 / 5 = 3.2 -> 3; 16 cores / 2 = 8; 25 tasks / 2 -> 13
+    assert auto_workers_per_device([20 * GIB, 30 * GIB], 5 * GIB, cpus=16, tasks=25) == 3
+    assert auto_workers_per_device([140 * GIB], 1 * GIB, cpus=16, tasks=25) == 4  # capped at 4 a GPU
+    assert auto_workers_per_device([140 * GIB], 1 * GIB, cpus=3, tasks=25) == 3  # one core each
+    assert auto_workers_per_device([140 * GIB] * 8, 1 * GIB, cpus=128, tasks=10) == 2  # 10 clients over 8 GPUs
+    assert auto_workers_per_device([2 * GIB], 3 * GIB, cpus=16, tasks=25) == 1  # never fewer than one
+    # cosmos-pl's VGG16 for 32 px and 100 classes (14,765,988 parameters) and U of 10,000 CIFAR images (30.72 MB)
+    assert worker_gpu_bytes(14_765_988, 10_000 * 3072) == 600 * 2 ** 20 + 32 * 14_765_988 + 30_720_000
+
+
+def test_auto_sizing_reads_free_memory_and_sets_the_slots(gpus, monkeypatch):
+    import cosmos_pl.federated.executor as executor
+
+    gpus(2)
+    asked = []
+    monkeypatch.setattr(executor, "gpu_free_bytes", lambda ids: asked.append(list(ids)) or [20 * GIB, 30 * GIB])
+    monkeypatch.setattr(executor, "available_cpus", lambda: 16)
+    ex = Executor(ExecutorConfig(), "auto")
+    assert ex.workers_per_device == 1 and ex.slots == [0, 1]  # until sized
+    # 1 GiB of parameters (32 bytes each) and 5 GiB in all: 0.8 * 20 / 5 -> 3 workers on each GPU
+    line = ex.size_workers(parameters=GIB // 32, data_bytes=4 * GIB - executor.CUDA_CONTEXT_BYTES, tasks=25)
+    assert asked == [[0, 1]] and ex.workers_per_device == 3 and ex.slots == [0, 1] * 3 and ex.parallel
+    assert ex.threads == 2  # 16 cores over 6 workers
+    assert line == ("executor: 3 worker(s) per GPU on 2 GPU(s) (workers_per_device auto: 20.0 GiB free on the fullest "
+                    "GPU, about 5.00 GiB per worker, 16 CPU cores, 25 tasks per stage at most)")
+    # a number given, the CPU, or kind sequential: nothing is sized
+    for cfg, accelerator in ((ExecutorConfig(workers_per_device=2), "auto"), (ExecutorConfig(), "cpu"),
+                             (ExecutorConfig(kind="sequential"), "auto")):
+        ex = Executor(cfg, accelerator)
+        slots = list(ex.slots)
+        assert ex.size_workers(parameters=0, data_bytes=0, tasks=25) is None and ex.slots == slots
+
+
+def test_auto_sizing_without_nvidia_smi_keeps_one_worker_per_gpu_and_says_so(gpus, monkeypatch):
+    import cosmos_pl.federated.executor as executor
+
+    gpus(2)
+    monkeypatch.setattr(executor.shutil, "which", lambda name: None)
+    ex = Executor(ExecutorConfig(), "auto")
+    line = ex.size_workers(parameters=10, data_bytes=10, tasks=25)
+    assert ex.slots == [0, 1] and "nvidia-smi did not answer" in line and "executor.workers_per_device" in line

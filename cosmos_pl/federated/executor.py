@@ -46,13 +46,15 @@ class ExecutorConfig:
             ``workers_per_device``; else sequential, as on a CPU), 'sequential' (one after another in this
             process) or 'parallel' (a pool of spawned workers, also on the CPU).
         devices: 'auto' (every visible GPU, else one CPU slot), a count N (GPUs 0..N-1, or N CPU slots without CUDA), or a list of GPU ids.
-        workers_per_device: workers sharing each device (several small clients can share one large GPU).
+        workers_per_device: workers sharing each device (several small clients can share one large GPU); 'auto'
+            sizes it before round 0 from the GPUs' free memory and the largest model (:meth:`Executor.size_workers`),
+            1 on a CPU.
         threads_per_worker: torch CPU threads in every task, sequential included; None splits this machine's cores among the workers. Equal values give bit-identical results across executors.
     """
 
     kind: Literal["auto", "sequential", "parallel"] = "auto"
     devices: Union[Literal["auto"], int, list[int]] = "auto"
-    workers_per_device: int = 1
+    workers_per_device: Union[Literal["auto"], int] = "auto"
     threads_per_worker: Optional[int] = None
 
     def __post_init__(self) -> None:
@@ -60,7 +62,9 @@ class ExecutorConfig:
         d = self.devices
         check(d == "auto" or (isinstance(d, int) and d >= 1) or (isinstance(d, list) and d and min(d) >= 0),
               "executor.devices", d, "use 'auto', a count >= 1, or a non-empty list of GPU ids >= 0")
-        check(self.workers_per_device >= 1, "executor.workers_per_device", self.workers_per_device, "must be >= 1")
+        w = self.workers_per_device
+        check(w == "auto" or (isinstance(w, int) and w >= 1), "executor.workers_per_device", w,
+              "must be >= 1, or 'auto' (sized from the GPUs' free memory)")
         check(self.threads_per_worker is None or self.threads_per_worker >= 1, "executor.threads_per_worker",
               self.threads_per_worker, "must be >= 1, or null to split this machine's cores among the workers")
 
@@ -132,6 +136,50 @@ def check_shared_memory(needed: int, workers: int, path: str = "/dev/shm") -> No
             f"({path}) at once, and it has {free / mib:.0f} MiB free: give the container more (docker run "
             f"--shm-size={max(1, -(-2 * needed // 2 ** 30))}g), or lower executor.workers_per_device or "
             "executor.devices, or use executor.kind sequential")
+
+
+CUDA_CONTEXT_BYTES = 600 * 2 ** 20  # a process's CUDA context and torch's kernels (about 0.5 GiB on recent GPUs)
+# processes on one GPU take turns on it (time slices, unless NVIDIA MPS is running): more workers hide each other's
+# CPU-side work (batch gathering, kernel launches) up to a point; 4 is a guess, not yet measured on a GPU
+MAX_WORKERS_PER_DEVICE = 4
+
+
+def worker_gpu_bytes(parameters: int, data_bytes: int) -> int:
+    """GPU bytes one worker needs for a task (an estimate): a CUDA context (:data:`CUDA_CONTEXT_BYTES`), float32
+    weights, gradients and Adam's two moments (16 bytes per parameter of the largest model), as much again for
+    activations and the allocator's slack, and the task's data held on the device (``data_bytes``, uint8 images)."""
+    return CUDA_CONTEXT_BYTES + 2 * 16 * parameters + data_bytes
+
+
+def auto_workers_per_device(free: Sequence[int], need: int, cpus: int, tasks: int) -> int:
+    """Workers per GPU for ``workers_per_device: auto``: as many as fit in 80% of the GPU with the least free memory
+    (``free`` bytes per GPU, ``need`` bytes per worker), at most one per CPU core (``cpus`` over the GPUs), no more
+    than a stage's ``tasks`` need (spread over the GPUs) and :data:`MAX_WORKERS_PER_DEVICE`; at least 1.
+
+    Example: 2 GPUs with 20 GiB free, 2 GiB per worker, 16 cores, 25 clients: min(8, 8, 13, 4) = 4; with 6 GiB
+    per worker: min(2, 8, 13, 4) = 2."""
+    gpus = max(1, len(free))
+    fits = int(0.8 * min(free) // need) if free else 1
+    return max(1, min(fits, cpus // gpus, -(-tasks // gpus), MAX_WORKERS_PER_DEVICE))
+
+
+def gpu_free_bytes(gpus: Sequence[int]) -> Optional[list[int]]:
+    """Free memory of visible GPUs ``gpus`` (bytes), read by ``nvidia-smi`` so that this process opens no CUDA
+    context on them; None where ``nvidia-smi`` is absent or fails."""
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    out = []
+    for gpu in gpus:
+        try:
+            done = subprocess.run([exe, "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i",
+                                   physical_gpu(gpu)], capture_output=True, text=True, timeout=30)
+            out.append(int(float(done.stdout.split()[0])) * 2 ** 20)  # MiB
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            return None
+    return out
 
 
 def available_cpus() -> int:
@@ -267,15 +315,42 @@ class Executor:
     """
 
     def __init__(self, cfg: ExecutorConfig, accelerator: str = "auto") -> None:
-        if cfg.workers_per_device < 1:
-            raise ConfigError(f"executor.workers_per_device={cfg.workers_per_device}: must be >= 1")
+        w = cfg.workers_per_device
+        if w != "auto" and not (isinstance(w, int) and w >= 1):
+            raise ConfigError(f"executor.workers_per_device={w}: must be >= 1, or 'auto'")
         self.cfg = cfg
-        self.slots = resolve_devices(cfg.devices, accelerator) * cfg.workers_per_device
-        on_gpus = any(slot is not None for slot in self.slots)
-        self.parallel = len(self.slots) > 1 and (cfg.kind == "parallel" or (cfg.kind == "auto" and on_gpus))
-        self.threads = _threads(cfg, len(self.slots) if self.parallel else 1)
+        self.devices = resolve_devices(cfg.devices, accelerator)
+        self._set_workers_per_device(1 if w == "auto" else w)
         self._workers: list[_Worker] = []
         self.replaced_workers = 0
+
+    def _set_workers_per_device(self, per_device: int) -> None:
+        self.workers_per_device = per_device
+        self.slots = self.devices * per_device
+        on_gpus = any(slot is not None for slot in self.slots)
+        self.parallel = len(self.slots) > 1 and (self.cfg.kind == "parallel" or (self.cfg.kind == "auto" and on_gpus))
+        self.threads = _threads(self.cfg, len(self.slots) if self.parallel else 1)
+
+    def size_workers(self, parameters: int, data_bytes: int, tasks: int) -> Optional[str]:
+        """``workers_per_device: auto`` on GPUs, before any worker starts: set the workers per GPU by
+        :func:`auto_workers_per_device`, for a largest model of ``parameters`` and a largest task's ``data_bytes``
+        (:func:`worker_gpu_bytes`) and a stage of at most ``tasks`` tasks; return the line that says so. None (and
+        one worker per device) on a CPU or with a number given. Without ``nvidia-smi`` one worker per GPU, said so.
+        With ``kind: sequential`` nothing runs in workers, and nothing is sized."""
+        gpus = [slot for slot in self.devices if slot is not None]
+        if self.cfg.workers_per_device != "auto" or not gpus or self.cfg.kind == "sequential" or self._workers:
+            return None
+        need = worker_gpu_bytes(parameters, data_bytes)
+        free = gpu_free_bytes(gpus)
+        if free is None:
+            self._set_workers_per_device(1)
+            return ("executor: 1 worker per GPU (workers_per_device auto: nvidia-smi did not answer, so the GPUs' free "
+                    "memory is unknown; give executor.workers_per_device a number to run more)")
+        self._set_workers_per_device(auto_workers_per_device(free, need, available_cpus(), tasks))
+        gib = 2 ** 30
+        return (f"executor: {self.workers_per_device} worker(s) per GPU on {len(gpus)} GPU(s) (workers_per_device "
+                f"auto: {min(free) / gib:.1f} GiB free on the fullest GPU, about {need / gib:.2f} GiB per worker, "
+                f"{available_cpus()} CPU cores, {tasks} tasks per stage at most)")
 
     # ------------------------------------------------------------------ workers
     def _spawn(self, gpu: Optional[int]) -> _Worker:

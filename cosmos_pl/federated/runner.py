@@ -111,6 +111,7 @@ class Runner:
             transport = functools.partial(InProcessClients.of_runner, federation=federation)
         self.clients = transport(self)  # a deployment's clients have joined and described themselves
         infos = self.clients.infos
+        self._size_workers(infos)
         if self.executor.parallel:
             self._check_shared_memory(infos)
         self.state = RoundState(self.failure_cfg, len(infos), self.clients.fail, self.console.print)
@@ -122,15 +123,33 @@ class Runner:
             run_tasks=self.run_tasks, trainer=self.tcfg, transformations=self.runtime.transformations,
             local_epochs=self.ccfg.local_epochs, distill_epochs=self.ccfg.distill_epochs, log=self._algorithm_log))
 
+    def _server_model_bytes(self) -> int:
+        """float32 bytes of the largest server-side model (a teacher), 0 for an algorithm without one."""
+        names = set(self.algorithm.server_backbones().values())
+        if not names:
+            return 0
+        with torch.random.fork_rng(devices=[]):  # CPU only: no CUDA context in this process
+            return max(sum(t.numel() * t.element_size() for t in self.make_backbone(n, 0).state_dict().values())
+                       for n in names)
+
+    def _size_workers(self, infos: list) -> None:
+        """``executor.workers_per_device: auto`` on GPUs: workers per GPU from the largest model (a client's or a
+        teacher's) and the largest task's data (a client's training set, or U for a teacher)."""
+        if self.executor.cfg.workers_per_device != "auto" or not any(d is not None for d in self.executor.devices):
+            return
+        sample_bytes = self.server.in_chans * math.prod(self.server.image_shape)
+        line = self.executor.size_workers(
+            parameters=max([c.parameters for c in infos] + [self._server_model_bytes() // 4]),
+            data_bytes=max([c.train_size * sample_bytes for c in infos] + [self.public.numel()]), tasks=len(infos))
+        if line:
+            self.console.print(line)
+            if hasattr(self.clients, "threads"):  # in-process clients key their round-0 cache by the threads per task
+                self.clients.threads = self.executor.threads
+
     def _check_shared_memory(self, infos: list) -> None:
         """Before round 0: what a parallel run may move into shared memory (:func:`shared_memory_needed`) must fit
         in /dev/shm (:func:`check_shared_memory`)."""
-        server = 0
-        names = set(self.algorithm.server_backbones().values())
-        if names:
-            with torch.random.fork_rng(devices=[]):  # CPU only: no CUDA context in this process
-                server = max(sum(t.numel() * t.element_size() for t in self.make_backbone(n, 0).state_dict().values())
-                             for n in names)
+        server = self._server_model_bytes()
         workers = len(self.executor.slots)
         check_shared_memory(shared_memory_needed(
             samples=sum(c.train_size + c.test_size + c.validation_size for c in infos),
