@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit  # noqa: E402
-from paper_round import print_figures, time_round  # noqa: E402
+from paper_round import WARM_UP, check_overrides, print_figures, time_round  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs/cifar100.yaml"
@@ -86,12 +86,31 @@ def cifar100_available(root: Path) -> bool:
         return False
 
 
-def main(argv: list[str] | None = None) -> dict:
+def check_settings(fit: list[str]) -> None:
+    """Parse and check the run's settings as ``cosmos-pl fit`` does, before any data is fetched or tests run.
+
+    Raises:
+        ConfigError: a setting this benchmark fixes (:func:`paper_round.check_overrides`), or any bad setting.
+        jsonargparse.ArgumentError: an unknown key or a wrong type."""
+    from cosmos_pl.cli import build_fit_parser
+    from cosmos_pl.config import validate_config
+
+    check_overrides(fit)
+    parser = build_fit_parser()
+    validate_config(parser.instantiate(parser.parse_args([*fit, *WARM_UP, "--run_dir", "unused"])))
+
+
+def run(argv: list[str] | None = None) -> dict | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on any device; checks the script only")
+    parser.add_argument("--check", action="store_true", help="only check the settings (gpu_check.sh does it first)")
     parser.add_argument("--data-dir", type=Path, default=REPO / "data", help="where CIFAR-100 or the stand-in goes")
     parser.add_argument("--run-dir", type=Path, default=None, help="the run's folder (default: a new temporary one)")
     args, overrides = parser.parse_known_args(argv)
+    settings = (DRY_RUN_SETTINGS if args.dry_run else []) + overrides
+    check_settings(["--config", str(CONFIG), *settings])
+    if args.check:
+        return None
     args.data_dir.mkdir(parents=True, exist_ok=True)
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="gpu_check-"))
     fit = ["--config", str(CONFIG), "--data.dataset.init_args.root", str(args.data_dir)]
@@ -105,14 +124,31 @@ def main(argv: list[str] | None = None) -> dict:
         data = "stand-in: {train:,} + {test:,} {size}x{size}x3 images of {classes} class patterns".format(**sizes)
         fit = ["--config", str(CONFIG), "--data.dataset", "cosmos_pl.data.NpzData", "--data.dataset.path",
                str(standin)]
-    print(f"data: {data}; run folder: {run_dir}")
-    fit += DRY_RUN_SETTINGS if args.dry_run else []
-    figures = time_round([*fit, *overrides], run_dir)
-    figures.update(data=data, dry_run=args.dry_run, config=str(CONFIG.relative_to(REPO)), overrides=overrides)
+    print(f"data: {data}; the run's files go to {run_dir} (kept)")
+    figures = time_round([*fit, *settings], run_dir)
+    figures.update(data=data, dry_run=args.dry_run, config=str(CONFIG.relative_to(REPO)), overrides=overrides,
+                   run_dir=str(run_dir), gpu_monitor=figures.pop("gpu_monitor"))
     print_figures(figures)
     emit(figures)
     return figures
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 done; 2 a bad setting or path, one line on stderr (as ``cosmos-pl fit``)."""
+    from jsonargparse import ArgumentError
+
+    from cosmos_pl.errors import UserError
+
+    try:
+        run(argv)
+    except ArgumentError as err:
+        print(f"gpu_check: error: {err} (options: cosmos-pl fit --help)", file=sys.stderr)
+        return 2
+    except (UserError, OSError) as err:  # OSError: a data or run folder that cannot be made or written
+        print(f"gpu_check: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,13 +7,16 @@
 #   e.g. benchmarks/gpu_check.sh --executor.workers_per_device 2
 # --dry-run: tiny sizes that finish on a CPU (the script's logic only; tests/test_gpu_check.py runs it).
 # The environment: `make` builds .venv with the test extras (as `make test` does) unless PY names a Python that has
-# cosmos-pl and pytest already.
+# cosmos-pl and pytest already. Paths are taken from where it is run; the settings are checked before anything runs.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 if [ -z "${PY:-}" ]; then
-  make .venv/.installed-test
-  PY=.venv/bin/python
+  make -C "$ROOT" .venv/.installed-test
+  PY="$ROOT/.venv/bin/python"
+elif [[ "$PY" == */* ]]; then
+  PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
 fi
+"$PY" "$ROOT/benchmarks/gpu_check.py" --check "$@"
 # `-p no:cacheprovider`: nothing written into the clone; on a machine without CUDA every test here is skipped
-"$PY" -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda.py
-exec "$PY" benchmarks/gpu_check.py "$@"
+(cd "$ROOT" && "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda.py)
+exec "$PY" "$ROOT/benchmarks/gpu_check.py" "$@"

@@ -22,7 +22,10 @@ class GpuMonitor:
 
     def __init__(self, interval_ms: int = 500) -> None:
         self.interval_ms = interval_ms
-        self.samples: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        # per GPU: (memory used MiB or None, utilisation percent or None) per sample; a field nvidia-smi gives as
+        # "[N/A]" (utilisation on a MIG-enabled GPU, for one) is None, the other still counts
+        self.samples: dict[int, list[tuple[float | None, float | None]]] = defaultdict(list)
+        self.status = "nvidia-smi absent"  # or "ran", or "failed: <its first line that is not a sample>"
         self.names: dict[int, str] = {}
         self.total: dict[int, float] = {}
         self._proc: subprocess.Popen | None = None
@@ -32,6 +35,7 @@ class GpuMonitor:
         exe = shutil.which("nvidia-smi")
         if exe is None:
             return self
+        self.status = "ran"
         self._proc = subprocess.Popen([exe, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
                                        f"-lms={self.interval_ms}"], stdout=subprocess.PIPE,
                                       stderr=subprocess.DEVNULL, text=True)
@@ -41,16 +45,23 @@ class GpuMonitor:
 
     def _read(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
+        def number(text: str) -> float | None:
+            try:
+                return float(text)
+            except ValueError:  # "[N/A]", "[Not Supported]"
+                return None
+
         for line in self._proc.stdout:
             parts = [p.strip() for p in line.split(",")]
-            if len(parts) != 5:
+            if len(parts) != 5 or not parts[0].isdigit():
+                if line.strip() and self.status == "ran":  # an error message, not a sample
+                    self.status = f"failed: {line.strip()}"
                 continue
-            try:
-                index, used, total, util = int(parts[0]), float(parts[2]), float(parts[3]), float(parts[4])
-            except ValueError:  # "[N/A]" on GPUs that do not report a field
-                continue
-            self.names[index], self.total[index] = parts[1], total
-            self.samples[index].append((used, util))
+            index = int(parts[0])
+            self.names[index] = parts[1]
+            if (total := number(parts[3])) is not None:
+                self.total[index] = total
+            self.samples[index].append((number(parts[2]), number(parts[4])))
 
     def __exit__(self, *exc) -> None:
         if self._proc is not None:
@@ -61,12 +72,14 @@ class GpuMonitor:
 
     def report(self) -> list[dict]:
         """One entry per GPU seen, by index: ``index``, ``name``, ``peak_memory_mib``, ``total_memory_mib``,
-        ``mean_utilisation_percent``, ``samples``; an empty list where ``nvidia-smi`` is absent."""
+        ``mean_utilisation_percent`` (None where every sample of it was "[N/A]"), ``samples``; an empty list where
+        ``nvidia-smi`` is absent or failed (:attr:`status` says which)."""
         out = []
         for index in sorted(self.samples):
-            rows = self.samples[index]
-            out.append({"index": index, "name": self.names[index], "peak_memory_mib": max(u for u, _ in rows),
-                        "total_memory_mib": self.total[index],
-                        "mean_utilisation_percent": round(sum(p for _, p in rows) / len(rows), 1),
-                        "samples": len(rows)})
+            used = [u for u, _ in self.samples[index] if u is not None]
+            util = [p for _, p in self.samples[index] if p is not None]
+            out.append({"index": index, "name": self.names[index], "peak_memory_mib": max(used, default=None),
+                        "total_memory_mib": self.total.get(index),
+                        "mean_utilisation_percent": round(sum(util) / len(util), 1) if util else None,
+                        "samples": len(self.samples[index])})
         return out

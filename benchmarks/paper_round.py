@@ -21,6 +21,20 @@ from gpu_monitor import GpuMonitor  # noqa: E402
 WARM_UP = ["--algorithm.init_args.ptc_epochs", "1", "--rounds", "2", "--wandb.mode", "disabled"]
 
 
+def check_overrides(argv: list[str]) -> None:
+    """Refuse the settings :data:`WARM_UP` and the run folder fix, which would otherwise be silently overridden.
+
+    Raises:
+        ConfigError: naming the setting."""
+    from cosmos_pl.errors import ConfigError
+
+    fixed = {"--rounds", "--wandb.mode", "--algorithm.init_args.ptc_epochs", "--algorithm.ptc_epochs", "--run_dir"}
+    given = sorted({a.split("=", 1)[0] for a in argv if a.split("=", 1)[0] in fixed})
+    if given:
+        raise ConfigError(f"{', '.join(given)}: fixed by this benchmark (rounds 0-2, the PTC round one epoch, no "
+                          "W&B, its own run folder); leave them out (the run folder: --run-dir)")
+
+
 def images_by_stage(cfg, run_dir: Path, summary: dict) -> dict[str, int]:
     """Images through each stage of the IFFT round; an image counts once per view (forward and backward once).
 
@@ -45,6 +59,7 @@ def time_round(argv: list[str], run_dir: Path) -> dict:
     index against the true groups) and ``final`` (the teacher's and the client's mean personalized accuracy)."""
     from cosmos_pl.cli import build_fit_parser, run_fit
 
+    check_overrides(argv)
     parser = build_fit_parser()
     cfg = parser.parse_args([*argv, *WARM_UP, "--run_dir", str(run_dir)])
     with GpuMonitor() as monitor:
@@ -56,7 +71,7 @@ def time_round(argv: list[str], run_dir: Path) -> dict:
     return {"seconds_per_round": summary["round_seconds"]["2"], "seconds_by_stage": stage_s,
             "images_per_round_by_stage": images,
             "images_per_second_by_stage": {s: round(n / stage_s[s], 1) for s, n in images.items() if stage_s.get(s)},
-            "gpus": monitor.report(),
+            "gpus": monitor.report(), "gpu_monitor": monitor.status,
             "clusters": {"K": summary["clusters"]["K"], "adjusted_rand_index": summary["clusters"]["adjusted_rand_index"]},
             "final": {k: final[k]["mean"] for k in ("teacher_acc", "client_acc") if k in final}}
 
@@ -70,7 +85,7 @@ def print_figures(figures: dict) -> None:
         print(f"  GPU {gpu['index']} ({gpu['name']}): peak {gpu['peak_memory_mib'] / 1024:.2f} of "
               f"{gpu['total_memory_mib'] / 1024:.0f} GiB, mean utilisation {gpu['mean_utilisation_percent']}%")
     if not figures["gpus"]:
-        print("  no GPU seen (nvidia-smi absent)")
+        print(f"  no GPU seen ({figures['gpu_monitor']})")
 
 
 def main() -> None:

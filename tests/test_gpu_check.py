@@ -33,14 +33,26 @@ def test_monitor_reports_each_gpus_peak_memory_and_mean_utilisation(tmp_path, mo
         {"index": 0, "name": "H200", "peak_memory_mib": 9000.0, "total_memory_mib": 143771.0,
          "mean_utilisation_percent": 60.0, "samples": 3},  # (50 + 100 + 30) / 3
         {"index": 1, "name": "H200", "peak_memory_mib": 7.0, "total_memory_mib": 143771.0,
-         "mean_utilisation_percent": 0.0, "samples": 1}]  # the [N/A] sample is left out
+         "mean_utilisation_percent": 0.0, "samples": 2}]  # an [N/A] utilisation leaves its memory counted
+    assert monitor.status == "ran"
+
+
+def test_monitor_says_when_nvidia_smi_fails(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'Failed to initialize NVML: Driver/library version mismatch'\nexit 18\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    with GpuMonitor() as monitor:
+        time.sleep(0.5)
+    assert monitor.report() == []
+    assert monitor.status == "failed: Failed to initialize NVML: Driver/library version mismatch"
 
 
 def test_monitor_without_nvidia_smi_reports_no_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with GpuMonitor() as monitor:
         pass
-    assert monitor.report() == []
+    assert monitor.report() == [] and monitor.status == "nvidia-smi absent"
 
 
 def test_standin_has_cifar100s_shape_and_one_pattern_per_class(tmp_path):

@@ -128,3 +128,26 @@ def test_auto_sizing_without_nvidia_smi_keeps_one_worker_per_gpu_and_says_so(gpu
     ex = Executor(ExecutorConfig(), "auto")
     line = ex.size_workers(parameters=10, data_bytes=10, tasks=25)
     assert ex.slots == [0, 1] and "nvidia-smi did not answer" in line and "executor.workers_per_device" in line
+
+
+def test_free_memory_is_read_per_gpu_and_the_least_where_gpu_models_differ(gpus, tmp_path, monkeypatch):
+    from cosmos_pl.federated.executor import gpu_free_bytes
+
+    gpus(2)
+    fake = tmp_path / "nvidia-smi"
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+
+    def smi(second: str) -> None:  # what nvidia-smi prints: every GPU, or the one -i names (MiB free)
+        fake.write_text(f'#!/bin/sh\ncase "$*" in *"-i 1"*) echo "{second}, 30000";; *"-i 0"*) echo "H200, 20000";; '
+                        f'*) printf "H200, 20000\\n{second}, 30000\\n";; esac\n')
+        fake.chmod(0o755)
+
+    smi("H200")
+    assert gpu_free_bytes([0, 1]) == [20000 * 2 ** 20, 30000 * 2 ** 20]
+    smi("RTX 4090")  # two models: CUDA's order may not be nvidia-smi's, so each gets the least
+    assert gpu_free_bytes([0, 1]) == [20000 * 2 ** 20] * 2
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # the same order: each its own
+    assert gpu_free_bytes([0, 1]) == [20000 * 2 ** 20, 30000 * 2 ** 20]
+    fake.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed'; exit 9\n")
+    assert gpu_free_bytes([0, 1]) is None

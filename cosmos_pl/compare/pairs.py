@@ -98,6 +98,11 @@ def _pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPa
         base.pop(key, None)
     settings = {algorithm_class(k, "comparison.settings").name: v for k, v in (cfg.comparison.settings or {}).items()}
     threads = max(1, available_cpus() // jobs)
+    executor = {**base["executor"], "threads_per_worker": threads}
+    if jobs > 1 and executor.get("workers_per_device") == "auto":
+        # pairs side by side would each size their workers from the same GPUs' free memory and every core
+        # (Executor.size_workers): one worker per GPU each, unless the config gives a number
+        executor["workers_per_device"] = 1
     pairs = []
     for name in algorithms:
         cls = algorithm_class(name)
@@ -111,7 +116,7 @@ def _pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPa
             run_dir = out / "runs" / f"{cls.name}-seed{seed}"
             pair_cfg = {**base, "seed": seed, "run_dir": str(run_dir), "round0_cache": str(out / "round0"),
                         "algorithm": {"class_path": f"{cls.__module__}.{cls.__name__}", "init_args": init_args},
-                        "executor": {**base["executor"], "threads_per_worker": threads}}
+                        "executor": executor}
             text = yaml.safe_dump(pair_cfg, sort_keys=False)
             # parse, build and check every setting now: a bad one fails here, before any pair trains
             try:

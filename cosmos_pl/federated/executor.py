@@ -165,21 +165,30 @@ def auto_workers_per_device(free: Sequence[int], need: int, cpus: int, tasks: in
 
 def gpu_free_bytes(gpus: Sequence[int]) -> Optional[list[int]]:
     """Free memory of visible GPUs ``gpus`` (bytes), read by ``nvidia-smi`` so that this process opens no CUDA
-    context on them; None where ``nvidia-smi`` is absent or fails."""
+    context on them; None where ``nvidia-smi`` is absent or fails (a MIG slice's id, which it does not take).
+
+    CUDA numbers GPUs fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, ``nvidia-smi`` by PCI bus: the two
+    agree where every GPU is the same model. Where they may not (GPUs of several models, that order not set), each
+    GPU is given the least free memory of all of them."""
     import subprocess
 
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
-    out = []
-    for gpu in gpus:
-        try:
-            done = subprocess.run([exe, "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i",
-                                   physical_gpu(gpu)], capture_output=True, text=True, timeout=30)
-            out.append(int(float(done.stdout.split()[0])) * 2 ** 20)  # MiB
-        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-            return None
-    return out
+
+    def query(*select: str) -> list[tuple[str, int]]:
+        done = subprocess.run([exe, "--query-gpu=name,memory.free", "--format=csv,noheader,nounits", *select],
+                              capture_output=True, text=True, timeout=30, check=True)
+        return [(name.strip(), int(float(free)) * 2 ** 20) for name, free in
+                (line.rsplit(",", 1) for line in done.stdout.splitlines() if line.strip())]  # MiB
+
+    try:
+        every = query()
+        if len({name for name, _ in every}) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+            return [min(free for _, free in every)] * len(gpus)
+        return [query("-i", physical_gpu(gpu))[0][1] for gpu in gpus]
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
 
 
 def available_cpus() -> int:
