@@ -1,9 +1,10 @@
 """Time one IFFT round of a config: ``benchmarks/paper_round.py --config configs/cifar100.yaml [overrides]``.
 
 Runs round 0 and the PTC round with one epoch each (warm-up, not timed; more in round 0 with
-``--clients.pretrain_epochs``), then one IFFT round with the config's own epochs, and reports that round's seconds, seconds and images per second per stage, and per GPU the
-peak memory and mean utilisation of every process on it (``nvidia-smi``, sampled over the whole run). The last line
-is JSON. ``benchmarks/gpu_check.sh`` runs it on the paper's setup.
+``--clients.pretrain_epochs``), then one IFFT round with the config's own epochs, and reports that round's
+seconds, seconds and images per second per stage, and per GPU the peak memory and mean utilisation of every
+process on it (``nvidia-smi``, sampled over the whole run). The last line is JSON. ``benchmarks/gpu_check.sh``
+runs it on the paper's setup.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def time_round(argv: list[str], run_dir: Path) -> dict:
             "images_per_round_by_stage": images,
             "images_per_second_by_stage": {s: round(n / stage_s[s], 1) for s, n in images.items() if stage_s.get(s)},
             "gpus": monitor.report(), "gpu_monitor": monitor.status,
-            "clusters": {"K": summary["clusters"]["K"], "adjusted_rand_index": summary["clusters"]["adjusted_rand_index"]},
+            "clusters": {"K": summary["clusters"]["K"],
+                         "adjusted_rand_index": summary["clusters"]["adjusted_rand_index"]},
             "final": {k: final[k]["mean"] for k in ("teacher_acc", "client_acc") if k in final}}
 
 
@@ -90,7 +92,8 @@ def print_figures(figures: dict) -> None:
 
 def main() -> None:
     # round 0 is warm-up too here: one epoch (before the caller's settings, which may give more)
-    figures = time_round(["--clients.pretrain_epochs", "1", *sys.argv[1:]], Path(tempfile.mkdtemp(prefix="paper_round-")))
+    run_dir = Path(tempfile.mkdtemp(prefix="paper_round-"))
+    figures = time_round(["--clients.pretrain_epochs", "1", *sys.argv[1:]], run_dir)
     print_figures(figures)
     emit(figures)
 

@@ -80,14 +80,14 @@ def test_dry_run_finishes_on_a_cpu_with_every_figure(repo_root, tmp_path):
                           text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])
-    assert figures["dry_run"] is True and figures["data"] == "stand-in: 2,000 + 500 16x16x3 images of 20 class patterns"
+    assert figures["dry_run"] is True and figures["data"] == "stand-in: 1,000 + 200 16x16x3 images of 20 class patterns"
     assert figures["gpus"] == []
     assert figures["seconds_per_round"] > 0
-    # 2,000 training images, U = 20% of them (400); 10 clients with the rest; one view besides the image (Eq. 1);
+    # 1,000 training images, U = 20% of them (200); 10 clients with the rest; one view besides the image (Eq. 1);
     # one epoch per stage (teacher_epochs 1 in the dry run)
     k = figures["clusters"]["K"]
-    assert figures["images_per_round_by_stage"] == {"local training": 1600, "pseudo-labels": 10 * 400,
-                                                    "teacher distillation": k * 400 * 2,
-                                                    "client distillation": 10 * 400 * 2}
+    assert figures["images_per_round_by_stage"] == {"local training": 800, "pseudo-labels": 10 * 200,
+                                                    "teacher distillation": k * 200 * 2,
+                                                    "client distillation": 10 * 200 * 2}
     assert set(figures["images_per_second_by_stage"]) == set(figures["images_per_round_by_stage"])
     assert 1 <= k <= 10 and set(figures["final"]) == {"teacher_acc", "client_acc"}

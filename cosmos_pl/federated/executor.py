@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Iterator, Literal, Optional, Sequence, Union
 
@@ -147,7 +147,8 @@ MAX_WORKERS_PER_DEVICE = 4
 def worker_gpu_bytes(parameters: int, data_bytes: int) -> int:
     """GPU bytes one worker needs for a task (an estimate): a CUDA context (:data:`CUDA_CONTEXT_BYTES`), float32
     weights, gradients and Adam's two moments (16 bytes per parameter of the largest model), as much again for
-    activations and the allocator's slack, and the task's data held on the device (``data_bytes``, uint8 images)."""
+    activations and the allocator's slack, and the data the worker keeps on the device (``data_bytes``, uint8
+    images: the resident tensors it has been sent, :meth:`Executor.keep_resident`)."""
     return CUDA_CONTEXT_BYTES + 2 * 16 * parameters + data_bytes
 
 
@@ -238,11 +239,42 @@ def _run(fn: Callable[..., Any], kwargs: dict[str, Any], returns_model: bool) ->
     return (kwargs.get("model") if returns_model else None), out
 
 
+# A task argument the main process registered as resident (Executor.keep_resident): the first task a worker gets
+# with it carries the tensor (_Keep), later ones only its name (_Held); the worker keeps what it received.
+@dataclass(frozen=True)
+class _Keep:
+    name: str
+    tensor: torch.Tensor
+
+
+@dataclass(frozen=True)
+class _Held:
+    name: str
+
+
+RESIDENT_ATTR = "_cosmos_resident"  # the name a resident tensor carries, in the main process and in the workers
+
+
+def _unpack(kwargs: dict[str, Any], held: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """A worker's task arguments with its resident tensors in place: a ``_Keep`` is kept under its name (and
+    tagged with it, :data:`RESIDENT_ATTR`, which ``training.stages`` reads to keep one GPU copy), a ``_Held`` is
+    looked up."""
+    out = {}
+    for key, value in kwargs.items():
+        if isinstance(value, _Keep):
+            setattr(value.tensor, RESIDENT_ATTR, value.name)
+            held[value.name] = value.tensor
+        out[key] = held[value.name] if isinstance(value, (_Keep, _Held)) else value
+    return out
+
+
 def _worker_main(conn: Connection, gpu: Optional[int], threads: int) -> None:
-    """A worker process: run ``(index, fn, kwargs, returns_model)`` messages until ``None`` arrives."""
+    """A worker process: run ``(index, fn, kwargs, returns_model)`` messages until ``None`` arrives. Resident
+    tensors (:meth:`Executor.keep_resident`) are kept for the worker's life."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle (it stops the workers)
     torch.set_num_threads(threads)
     problem = None if gpu is None else _pinning_problem(gpu)
+    held: dict[str, torch.Tensor] = {}
     while True:
         try:
             message = conn.recv()
@@ -251,6 +283,7 @@ def _worker_main(conn: Connection, gpu: Optional[int], threads: int) -> None:
         if message is None:
             return
         index, fn, kwargs, returns_model = message
+        kwargs = _unpack(kwargs, held)
         conn.send((index, None, None, None))  # started: the timeout counts from here, not from the worker's start-up
         if problem is not None:  # a worker that sees the wrong GPUs runs nothing: every task stops the run
             conn.send((index, False, None, ConfigError(problem)))
@@ -288,6 +321,7 @@ class _Worker:
     gpu: Optional[int]
     task: Optional[int] = None
     started: Optional[float] = None  # when the worker began the task (None: not yet)
+    held: set = field(default_factory=set)  # the resident tensors it has been sent (by name)
 
 
 @contextlib.contextmanager
@@ -332,6 +366,37 @@ class Executor:
         self._set_workers_per_device(1 if w == "auto" else w)
         self._workers: list[_Worker] = []
         self.replaced_workers = 0
+        self._resident: dict[int, tuple[str, torch.Tensor]] = {}
+        self.resident_sends = 0  # resident tensors sent to workers, each once per worker
+
+    def keep_resident(self, name: str, tensor: torch.Tensor) -> None:
+        """Register ``tensor`` (a client's data, U: what stays the same for the whole run) under ``name``: a task
+        argument that is this very tensor goes to each worker once, and the worker keeps it for later tasks, across
+        stages and rounds. The tensor is tagged with ``name`` so that a stage on a GPU keeps one device copy of it
+        (``training.stages``). It must not change afterwards.
+
+        Raises:
+            ValueError: ``name`` already names another tensor."""
+        taken = {n: t for n, t in self._resident.values()}
+        if name in taken and taken[name] is not tensor:
+            raise ValueError(f"resident name {name!r} already names another tensor")
+        self._resident[id(tensor)] = (name, tensor)
+        setattr(tensor, RESIDENT_ATTR, name)
+
+    def _pack(self, worker: _Worker, kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """``kwargs`` as sent to ``worker``: each resident tensor as its name where the worker has it, else with its
+        tensor; and the names it will have once this message is sent."""
+        out, new = {}, []
+        for key, value in kwargs.items():
+            entry = self._resident.get(id(value)) if isinstance(value, torch.Tensor) else None
+            if entry is None or entry[1] is not value:
+                out[key] = value
+            elif entry[0] in worker.held:
+                out[key] = _Held(entry[0])
+            else:
+                out[key] = _Keep(entry[0], value)
+                new.append(entry[0])
+        return out, new
 
     def _set_workers_per_device(self, per_device: int) -> None:
         self.workers_per_device = per_device
@@ -342,7 +407,7 @@ class Executor:
 
     def size_workers(self, parameters: int, data_bytes: int, tasks: int) -> Optional[str]:
         """``workers_per_device: auto`` on GPUs, before any worker starts: set the workers per GPU by
-        :func:`auto_workers_per_device`, for a largest model of ``parameters`` and a largest task's ``data_bytes``
+        :func:`auto_workers_per_device`, for a largest model of ``parameters`` and ``data_bytes`` kept on the GPU
         (:func:`worker_gpu_bytes`) and a stage of at most ``tasks`` tasks; return the line that says so. None (and
         one worker per device) on a CPU or with a number given. Without ``nvidia-smi`` one worker per GPU, said so.
         With ``kind: sequential`` nothing runs in workers, and nothing is sized."""
@@ -464,6 +529,7 @@ class Executor:
                 if worker.task is None and pending:
                     i = pending.pop(0)
                     fn, kwargs = tasks[i]
+                    kwargs, new = self._pack(worker, kwargs)
                     try:
                         worker.conn.send((i, fn, kwargs, returns_model))
                     except (BrokenPipeError, EOFError, OSError) as err:  # the worker died while idle
@@ -473,6 +539,8 @@ class Executor:
                         self._replace(worker)
                         pending.insert(0, i)
                         continue
+                    worker.held.update(new)
+                    self.resident_sends += len(new)
                     worker.task, worker.started = i, None
                     busy[i] = worker
             if not busy:

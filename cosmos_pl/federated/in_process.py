@@ -75,6 +75,12 @@ class InProcessClients(Clients):
         algorithm.validate(backbones)
         models = [runner.make_backbone(name, stage_seed(runner.seed, 0, "init", 0 if algorithm.shared_init else i))
                   for i, name in enumerate(backbones)]
+        # a client's data is the same all run: each worker is sent it once and keeps it (and one GPU copy)
+        for i, data in enumerate(federation.clients):
+            for split, tensor in (("x", data.x), ("y", data.y), ("x_test", data.x_test), ("y_test", data.y_test),
+                                  ("x_val", data.x_val), ("y_val", data.y_val)):
+                if tensor is not None:
+                    runner.executor.keep_resident(f"client {i} {split}", tensor)
         return cls(federation, backbones, models, runner.runtime, runner.comm, runner.fingerprint, runner.run_tasks,
                    runner.executor.threads, algorithm.shared_init, runner.console.print)
 

@@ -95,6 +95,7 @@ class Runner:
         self.executor = Executor(executor or ExecutorConfig(), self.tcfg.accelerator)
         self.run_tasks = TaskRunner(self.executor, self.console, self.failure_cfg.timeout_s)
         self.public, self.round_seconds, self.clusters_info = self.server.public_x, {}, {}
+        self.executor.keep_resident("U", self.public)  # sent to each worker once, kept there (and one GPU copy)
         self.fingerprint = public_fingerprint(self.public)
         self.faults = faults.load()  # test-only fault injection (empty unless COSMOS_PL_TEST_FAULTS is set)
         self.last_checkpoint: Optional[Path] = None
@@ -134,13 +135,14 @@ class Runner:
 
     def _size_workers(self, infos: list) -> None:
         """``executor.workers_per_device: auto`` on GPUs: workers per GPU from the largest model (a client's or a
-        teacher's) and the largest task's data (a client's training set, or U for a teacher)."""
+        teacher's) and the data a worker may keep on its GPU (every client's training set and U)."""
         if self.executor.cfg.workers_per_device != "auto" or not any(d is not None for d in self.executor.devices):
             return
         sample_bytes = self.server.in_chans * math.prod(self.server.image_shape)
         line = self.executor.size_workers(
             parameters=max([c.parameters for c in infos] + [self._server_model_bytes() // 4]),
-            data_bytes=max([c.train_size * sample_bytes for c in infos] + [self.public.numel()]), tasks=len(infos))
+            # a worker may come to hold a GPU copy of every client's training data and of U (keep_resident)
+            data_bytes=sum(c.train_size for c in infos) * sample_bytes + self.public.numel(), tasks=len(infos))
         if line:
             self.console.print(line)
             if hasattr(self.clients, "threads"):  # in-process clients key their round-0 cache by the threads per task

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
+import weakref
 from typing import Any
 
 import lightning.pytorch as pl
@@ -87,11 +88,29 @@ def _loader(tensors: tuple[torch.Tensor, ...], batch_size: int, shuffle: bool) -
     return DataLoader(_Batches(*tensors), sampler=sampler, batch_size=None, num_workers=0)
 
 
+# GPU copies of resident tensors (a client's data, U: registered with Executor.keep_resident, which tags them), one
+# per tensor and device in this process, kept for the process's life: later stages and rounds reuse them instead of
+# copying the data to the GPU again. The weak reference checks that the copy is of this very tensor.
+_DEVICE_COPIES: dict[tuple[str, str], tuple[weakref.ref, torch.Tensor]] = {}
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    name = getattr(t, "_cosmos_resident", None)  # cosmos_pl.federated.executor.RESIDENT_ATTR
+    if name is None:
+        return t.to(device)
+    kept = _DEVICE_COPIES.get((name, str(device)))
+    if kept is not None and kept[0]() is t:
+        return kept[1]
+    copy = t.to(device)
+    _DEVICE_COPIES[(name, str(device))] = (weakref.ref(t), copy)
+    return copy
+
+
 def _on_device(trainer: TrainerConfig, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Hold a stage's (small, uint8) data on the GPU when there is one: batches are then gathered and
-    augmented there, with no host-to-device copy per step."""
+    augmented there, with no host-to-device copy per step; a resident tensor's copy is made once per process."""
     device = resolve_device(trainer.accelerator)
-    return tuple(t.to(device) for t in tensors) if device.type == "cuda" else tensors
+    return tuple(_to_device(t, device) for t in tensors) if device.type == "cuda" else tensors
 
 
 def _fit(module: CosmosModule, model: nn.Module, trainer: TrainerConfig, epochs: int, loader: Any) -> None:
