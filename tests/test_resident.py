@@ -1,54 +1,92 @@
-"""Resident tensors (a client's data, U): each parallel worker is sent one once and keeps it across stages and
-rounds; a stage on a GPU keeps one device copy of it per process."""
+"""What travels to parallel workers (cosmos_pl.federated.transfer): resident tensors (a client's data, U) once per
+worker, kept across stages and rounds; a model architecture whole once, then state dicts; a stage on a GPU keeps
+one device copy of a resident tensor per process."""
 
 import gc
 
 import pytest
 import torch
+from torch import nn
 
-from cosmos_pl.federated.executor import RESIDENT_ATTR, Executor, ExecutorConfig, _Held, _Keep, _unpack, _Worker
+from cosmos_pl.federated.executor import Executor, ExecutorConfig
+from cosmos_pl.federated.transfer import (RESIDENT_ATTR, Held, Keep, Residents, Skeleton, Weights, architecture, pack,
+                                          unpack)
 from cosmos_pl.training import stages
 
 
 def test_a_resident_tensor_is_packed_whole_once_per_worker_then_by_name():
-    ex = Executor(ExecutorConfig(), "cpu")
+    residents = Residents()
     u = torch.arange(4.0)
-    ex.keep_resident("U", u)
-    worker = _Worker(None, None, None)
-    first, new = ex._pack(worker, {"x": u, "epochs": 2})
-    assert first == {"x": _Keep("U", u), "epochs": 2} and new == ["U"]
-    worker.held.update(new)
-    second, new = ex._pack(worker, {"x": u})
-    assert second == {"x": _Held("U")} and new == []
-    assert ex._pack(_Worker(None, None, None), {"x": u})[0]["x"] == _Keep("U", u)  # another worker: whole again
+    residents.add("U", u)
+    held: set[str] = set()
+    first, new = pack({"x": u, "epochs": 2}, residents, held)
+    assert first == {"x": Keep("U", u), "epochs": 2} and new == ["U"]
+    held.update(new)
+    second, new = pack({"x": u}, residents, held)
+    assert second == {"x": Held("U")} and new == []
+    assert pack({"x": u}, residents, set())[0]["x"] == Keep("U", u)  # another worker: whole again
     equal = torch.arange(4.0)  # equal values, another tensor: not resident, sent as it is
-    assert ex._pack(worker, {"x": equal})[0]["x"] is equal
+    assert pack({"x": equal}, residents, held)[0]["x"] is equal
     with pytest.raises(ValueError, match="'U' already names another tensor"):
-        ex.keep_resident("U", equal)
+        residents.add("U", equal)
 
     # in the worker: kept on first sight, tagged with its name, looked up afterwards
-    held = {}
-    got = _unpack(first, held)
-    assert got["x"] is u and held == {"U": u} and getattr(u, RESIDENT_ATTR) == "U" and got["epochs"] == 2
-    assert _unpack(second, held)["x"] is u
+    kept: dict = {}
+    got, private = unpack(first, kept)
+    assert got["x"] is u and kept == {"U": u} and getattr(u, RESIDENT_ATTR) == "U" and got["epochs"] == 2
+    assert unpack(second, kept)[0]["x"] is u and private == set()
 
 
-def _total(x, y):
-    return float(x.sum() + y.sum()), getattr(x, RESIDENT_ATTR, None)
+def _net(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+
+
+def test_a_model_goes_whole_once_then_as_its_state_dict_and_is_rebuilt_equal_and_private():
+    residents, held, kept = Residents(), set(), {}
+    a, b = _net(0), _net(1)  # same architecture, other weights
+    b[1].running_mean += 3.0  # a buffer, carried by the state dict
+    first, new = pack({"model": a}, residents, held)
+    assert isinstance(first["model"], Skeleton) and new == [architecture(a)]
+    held.update(new)
+    got_a, private = unpack(first, kept)
+    assert got_a["model"] is a and private == set()  # as received (the executor makes its private copy)
+    second, new = pack({"models": {"client": b}}, residents, held)
+    assert isinstance(second["models"]["client"], Weights) and new == []
+    rebuilt = unpack(second, kept)[0]["models"]["client"]
+    assert rebuilt is not b and all(torch.equal(x, y) for x, y in zip(rebuilt.state_dict().values(),
+                                                                      b.state_dict().values()))
+    with torch.no_grad():
+        rebuilt[0].weight.add_(1.0)
+    assert not torch.equal(rebuilt[0].weight, b[0].weight)  # private: the sender's model is untouched
+    # what a state dict does not carry makes another architecture: eval mode, a frozen parameter, another shape
+    frozen = _net(2)
+    frozen[2].weight.requires_grad_(False)
+    names = {architecture(m) for m in (a, _net(3).eval(), frozen, nn.Sequential(nn.Linear(3, 5)))}
+    assert len(names) == 4 and architecture(_net(4)) == architecture(a)
+
+
+def _total(x, y, model):
+    return float(x.sum() + y.sum() + model.weight.sum()), getattr(x, RESIDENT_ATTR, None)
 
 
 @pytest.mark.slow  # two spawned worker processes
-def test_workers_keep_resident_data_across_stages():
+def test_workers_keep_resident_data_and_architectures_across_stages():
     ex = Executor(ExecutorConfig(kind="parallel", devices=2, threads_per_worker=1), "cpu")
     x, y = torch.arange(6.0), torch.ones(3)
     ex.keep_resident("client 0 x", x)
-    tasks = [(_total, {"x": x, "y": y}) for _ in range(4)]
     try:
-        for _ in range(3):  # three stages
-            assert sorted(out for _, _, out in ex.map(tasks)) == [(18.0, "client 0 x")] * 4  # 0+1+...+5 + 3
+        for stage in range(3):  # three stages, each with new weights in a model of one architecture
+            model = nn.Linear(2, 1, bias=False)
+            with torch.no_grad():
+                model.weight.fill_(stage)
+            tasks = [(_total, {"x": x, "y": y, "model": model}) for _ in range(4)]
+            # 0+1+...+5, + 3, + 2 weights of the stage's value
+            assert sorted(out for _, _, out in ex.map(tasks)) == [(18.0 + 2 * stage, "client 0 x")] * 4
     finally:
         ex.close()
-    assert ex.resident_sends == 2  # the first two tasks went to the two idle workers; none was sent it again
+    # the first two tasks went to the two idle workers, each with x and the architecture; nothing whole again
+    assert ex.resident_sends == 4
 
 
 def test_a_stage_keeps_one_device_copy_of_a_resident_tensor():

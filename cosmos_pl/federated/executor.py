@@ -30,6 +30,7 @@ import torch
 
 from cosmos_pl import signals
 from cosmos_pl.errors import ConfigError, DataError, DeviceMemoryError, check
+from cosmos_pl.federated.transfer import Residents, pack, unpack
 
 __all__ = ["ExecutorConfig", "Executor", "Task", "TaskFailure", "TaskTimeout", "available_cpus",
            "check_shared_memory", "physical_gpu", "resolve_devices", "shared_memory_needed"]
@@ -239,42 +240,13 @@ def _run(fn: Callable[..., Any], kwargs: dict[str, Any], returns_model: bool) ->
     return (kwargs.get("model") if returns_model else None), out
 
 
-# A task argument the main process registered as resident (Executor.keep_resident): the first task a worker gets
-# with it carries the tensor (_Keep), later ones only its name (_Held); the worker keeps what it received.
-@dataclass(frozen=True)
-class _Keep:
-    name: str
-    tensor: torch.Tensor
-
-
-@dataclass(frozen=True)
-class _Held:
-    name: str
-
-
-RESIDENT_ATTR = "_cosmos_resident"  # the name a resident tensor carries, in the main process and in the workers
-
-
-def _unpack(kwargs: dict[str, Any], held: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """A worker's task arguments with its resident tensors in place: a ``_Keep`` is kept under its name (and
-    tagged with it, :data:`RESIDENT_ATTR`, which ``training.stages`` reads to keep one GPU copy), a ``_Held`` is
-    looked up."""
-    out = {}
-    for key, value in kwargs.items():
-        if isinstance(value, _Keep):
-            setattr(value.tensor, RESIDENT_ATTR, value.name)
-            held[value.name] = value.tensor
-        out[key] = held[value.name] if isinstance(value, (_Keep, _Held)) else value
-    return out
-
-
 def _worker_main(conn: Connection, gpu: Optional[int], threads: int) -> None:
     """A worker process: run ``(index, fn, kwargs, returns_model)`` messages until ``None`` arrives. Resident
     tensors (:meth:`Executor.keep_resident`) are kept for the worker's life."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle (it stops the workers)
     torch.set_num_threads(threads)
     problem = None if gpu is None else _pinning_problem(gpu)
-    held: dict[str, torch.Tensor] = {}
+    held: dict[str, Any] = {}  # resident tensors and model architectures, by name
     while True:
         try:
             message = conn.recv()
@@ -283,12 +255,12 @@ def _worker_main(conn: Connection, gpu: Optional[int], threads: int) -> None:
         if message is None:
             return
         index, fn, kwargs, returns_model = message
-        kwargs = _unpack(kwargs, held)
+        kwargs, private = unpack(kwargs, held)
         conn.send((index, None, None, None))  # started: the timeout counts from here, not from the worker's start-up
         if problem is not None:  # a worker that sees the wrong GPUs runs nothing: every task stops the run
             conn.send((index, False, None, ConfigError(problem)))
             continue
-        if returns_model and kwargs.get("model") is not None:
+        if returns_model and kwargs.get("model") is not None and "model" not in private:
             # the received weights share memory with the main process's model (torch's shared-memory pickling):
             # train a private copy, so that a task that fails half-way leaves the caller's model untouched
             kwargs = {**kwargs, "model": copy.deepcopy(kwargs["model"])}
@@ -366,37 +338,18 @@ class Executor:
         self._set_workers_per_device(1 if w == "auto" else w)
         self._workers: list[_Worker] = []
         self.replaced_workers = 0
-        self._resident: dict[int, tuple[str, torch.Tensor]] = {}
-        self.resident_sends = 0  # resident tensors sent to workers, each once per worker
+        self._resident = Residents()
+        self.resident_sends = 0  # resident tensors and model architectures sent to workers whole, once per worker
 
     def keep_resident(self, name: str, tensor: torch.Tensor) -> None:
         """Register ``tensor`` (a client's data, U: what stays the same for the whole run) under ``name``: a task
         argument that is this very tensor goes to each worker once, and the worker keeps it for later tasks, across
-        stages and rounds. The tensor is tagged with ``name`` so that a stage on a GPU keeps one device copy of it
-        (``training.stages``). It must not change afterwards.
+        stages and rounds (:mod:`cosmos_pl.federated.transfer`). The tensor is tagged with ``name`` so that a stage
+        on a GPU keeps one device copy of it (``training.stages``). It must not change afterwards.
 
         Raises:
             ValueError: ``name`` already names another tensor."""
-        taken = {n: t for n, t in self._resident.values()}
-        if name in taken and taken[name] is not tensor:
-            raise ValueError(f"resident name {name!r} already names another tensor")
-        self._resident[id(tensor)] = (name, tensor)
-        setattr(tensor, RESIDENT_ATTR, name)
-
-    def _pack(self, worker: _Worker, kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-        """``kwargs`` as sent to ``worker``: each resident tensor as its name where the worker has it, else with its
-        tensor; and the names it will have once this message is sent."""
-        out, new = {}, []
-        for key, value in kwargs.items():
-            entry = self._resident.get(id(value)) if isinstance(value, torch.Tensor) else None
-            if entry is None or entry[1] is not value:
-                out[key] = value
-            elif entry[0] in worker.held:
-                out[key] = _Held(entry[0])
-            else:
-                out[key] = _Keep(entry[0], value)
-                new.append(entry[0])
-        return out, new
+        self._resident.add(name, tensor)
 
     def _set_workers_per_device(self, per_device: int) -> None:
         self.workers_per_device = per_device
@@ -529,7 +482,7 @@ class Executor:
                 if worker.task is None and pending:
                     i = pending.pop(0)
                     fn, kwargs = tasks[i]
-                    kwargs, new = self._pack(worker, kwargs)
+                    kwargs, new = pack(kwargs, self._resident, worker.held)
                     try:
                         worker.conn.send((i, fn, kwargs, returns_model))
                     except (BrokenPipeError, EOFError, OSError) as err:  # the worker died while idle

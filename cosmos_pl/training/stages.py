@@ -95,7 +95,7 @@ _DEVICE_COPIES: dict[tuple[str, str], tuple[weakref.ref, torch.Tensor]] = {}
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    name = getattr(t, "_cosmos_resident", None)  # cosmos_pl.federated.executor.RESIDENT_ATTR
+    name = getattr(t, "_cosmos_resident", None)  # cosmos_pl.federated.transfer.RESIDENT_ATTR
     if name is None:
         return t.to(device)
     kept = _DEVICE_COPIES.get((name, str(device)))
