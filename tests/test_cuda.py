@@ -1,5 +1,5 @@
 """Checks that need a CUDA GPU (marked ``cuda``, skipped without one; ``pytest -m cuda`` runs only these): mixed
-precision in training and inference, determinism, workers on two GPUs. Written for a GPU machine; on this
+precision in training and inference, determinism, workers on two GPUs, sequential and parallel runs equal. Written for a GPU machine; on this
 project's CPU machine they are skipped."""
 
 import os
@@ -72,3 +72,20 @@ def test_two_gpus_get_one_pinned_worker_each():
     seen = [got[i] for i in range(len(ex.slots))]
     assert all(count == 1 for _, count, _ in seen)  # each worker sees exactly its own GPU
     assert len({visible for visible, _, _ in seen}) == len(ex.slots)  # and no two the same
+
+
+def test_sequential_and_parallel_runs_on_the_gpu_give_identical_metrics_when_deterministic(repo_root, tmp_path):
+    # the small digits run twice on the GPU under trainer.deterministic true: in this process, then in two workers
+    # sharing the GPU; every metric the same (on the CPU the same holds without the flag: tests/test_executor.py)
+    from conftest import small_digits_argv
+
+    from cosmos_pl.cli import main
+
+    runs = {}
+    for kind, per_device in (("sequential", 1), ("parallel", 2)):
+        runs[kind] = tmp_path / kind
+        assert main(small_digits_argv(repo_root, runs[kind], "--trainer.accelerator", "cuda",
+                                      "--trainer.deterministic", "true", "--executor.kind", kind,
+                                      "--executor.workers_per_device", str(per_device))) == 0
+    for name in ("metrics.csv", "clients.csv"):
+        assert (runs["sequential"] / name).read_text() == (runs["parallel"] / name).read_text(), name
