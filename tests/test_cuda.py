@@ -1,6 +1,6 @@
 """Checks that need a CUDA GPU (marked ``cuda``, skipped without one; ``pytest -m cuda`` runs only these): mixed
-precision in training and inference, determinism, workers on two GPUs, sequential and parallel runs equal. Written for a GPU machine; on this
-project's CPU machine they are skipped."""
+precision in training and inference, determinism, workers on two GPUs, sequential and parallel runs equal. Written
+for a GPU machine; on this project's CPU machine they are skipped."""
 
 import os
 
