@@ -6,7 +6,7 @@ from torch import nn
 
 from cosmos_pl.algorithms import ALGORITHMS, COMET, COSMOS, FedAvg, FedCT, FedMD, LocalOnly, algorithm_class
 from cosmos_pl.algorithms.base import Distill, FederationContext, JointFit, LoadWeights, LocalFit, UnionFit, Upload
-from cosmos_pl.algorithms.comet import kmeans_clusters
+from cosmos_pl.algorithms.comet import kmeans, kmeans_clusters
 from cosmos_pl.algorithms.fedavg import weighted_average
 from cosmos_pl.algorithms.fedct import majority_vote
 from cosmos_pl.algorithms.fedmd import consensus_mean
@@ -92,6 +92,51 @@ def test_comet_kmeans_finds_well_separated_groups_and_sends_cluster_means():
     assert algo.plan(1) == [Upload("soft"), JointFit(2, 0.5)]
     # fewer uploads than K: K shrinks to the number of uploads
     assert sorted(set(kmeans_clusters({0: uploads[0], 4: uploads[4]}, 3, seed=0).values())) == [0, 1]
+
+
+def test_comet_sequential_mode_distills_on_u_then_fine_tunes_on_the_clients_data():
+    algo = COMET(num_clusters=2, lambda_=0.5, mode="sequential")
+    algo.setup(_ctx(4))  # local_epochs 2, distill_epochs 3
+    assert algo.plan(1) == [Upload("soft"), Distill(3), LocalFit(2)]  # plain KL (lambda 0 on r_B), then CE
+    five = COMET(num_clusters=2, mode="sequential", epochs=5)
+    five.setup(_ctx(4))
+    assert five.plan(2) == [Upload("soft"), Distill(3), LocalFit(5)]
+    with pytest.raises(ValueError, match="mode"):
+        COMET(mode="both")
+
+
+def _points(*values):
+    return {i: torch.tensor([[float(v)]]) for i, v in enumerate(values)}  # n = 1 public sample, M = 1
+
+
+def test_comet_kmeans_warm_start_begins_from_the_given_centroids():
+    # 1-D points 0, 2, 3, 5 and K = 2: the best split is {0, 2} | {3, 5} (squared error 2 + 2 = 4, against
+    # 0 + 4.67 for {0} | {2, 3, 5}). Started from centroids 0 and 3.5, Lloyd's steps stop at {0} | {2, 3, 5}
+    # (2 is 1.5 from 3.5 and 2 from 0; the centroids become 0 and 10/3, and 2 stays): the start was used.
+    uploads = _points(0, 2, 3, 5)
+    assert kmeans(uploads, 2, seed=0)[0] == {0: 0, 1: 0, 2: 1, 3: 1}
+    found, centroids = kmeans(uploads, 2, seed=0, init=torch.tensor([[0.0], [3.5]]))
+    assert found == {0: 0, 1: 1, 2: 1, 3: 1}
+    torch.testing.assert_close(centroids, torch.tensor([[0.0], [10 / 3]], dtype=torch.float64))
+    # a start of another K (or width) is not used: a fresh start
+    assert kmeans(uploads, 2, seed=0, init=torch.tensor([[0.0], [3.5], [9.0]]))[0] == {0: 0, 1: 0, 2: 1, 3: 1}
+
+
+def test_comet_warm_start_carries_the_centroids_from_round_to_round_and_through_a_checkpoint():
+    cold, warm = COMET(num_clusters=2), COMET(num_clusters=2, warm_start=True)
+    for algo in (cold, warm):
+        algo.setup(_ctx(4, n=1, m=1))
+        algo.server_step(1, _points(0, 3.5, 3.6, 3.4))  # round 1: {0} | {3.4..3.6}, centroids 0 and 3.5
+    torch.testing.assert_close(warm.centroids, torch.tensor([[0.0], [3.5]], dtype=torch.float64))
+    restored = COMET(num_clusters=2, warm_start=True)
+    restored.setup(_ctx(4, n=1, m=1))
+    restored.load_state_dict(warm.state_dict())
+    # round 2 uploads 0, 2, 3, 5: the warm start from 0 and 3.5 keeps 2 with {3, 5}; a fresh start does not
+    cold.server_step(2, _points(0, 2, 3, 5))
+    assert [cold.cluster_of(i) for i in range(4)] == [0, 0, 1, 1]
+    for algo in (warm, restored):
+        algo.server_step(2, _points(0, 2, 3, 5))
+        assert [algo.cluster_of(i) for i in range(4)] == [0, 1, 1, 1]
 
 
 def test_fedavg_weighted_mean_skips_integer_buffers():

@@ -41,7 +41,8 @@ def test_every_class_path_group_is_known(parser):
 def test_algorithm_switched_on_the_command_line_has_its_own_defaults(printed):
     algorithm = printed("--algorithm", "COMET")["algorithm"]
     assert algorithm == {"class_path": "cosmos_pl.algorithms.COMET",
-                         "init_args": {"num_clusters": 5, "lambda_": 1.0, "epochs": None, "n_init": 10}}
+                         "init_args": {"num_clusters": 5, "lambda_": 1.0, "epochs": None, "n_init": 10,
+                                       "mode": "joint", "warm_start": False}}
     # a short name works too, and a setting typed before or after the switch holds for the new class
     assert printed("--algorithm", "comet", "--algorithm.lambda_", "3")["algorithm"]["init_args"]["lambda_"] == 3.0
     assert printed("--algorithm.lambda_", "2", "--algorithm", "COMET")["algorithm"]["init_args"]["lambda_"] == 2.0
@@ -101,7 +102,8 @@ def test_compare_pairs_start_each_algorithm_from_its_own_defaults(repo_root, tmp
     cfg.comparison.settings = {"comet": {"num_clusters": 3}}
     pairs = _pair_configs(cfg, compare, build_fit_parser(), tmp_path, ["cosmos", "comet", "fedmd"], [0], 1)
     algorithm = {p.algorithm: yaml.safe_load(p.config_yaml)["algorithm"]["init_args"] for p in pairs}
-    assert algorithm["comet"] == {"num_clusters": 3, "lambda_": 1.0, "epochs": None, "n_init": 10}
+    assert algorithm["comet"] == {"num_clusters": 3, "lambda_": 1.0, "epochs": None, "n_init": 10, "mode": "joint",
+                                  "warm_start": False}
     assert algorithm["cosmos"]["lambda_"] == 5.0 and algorithm["cosmos"]["ptc_epochs"] == 10  # the config's COSMOS
     assert algorithm["fedmd"] == {"digest_epochs": None, "revisit_epochs": None}
 

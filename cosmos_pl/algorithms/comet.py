@@ -1,13 +1,19 @@
 """COMET: clustered knowledge transfer with K-means over the clients' soft labels.
 
-Source: Y. J. Cho, J. Wang, T. Chirvolu, G. Joshi, "Communication-Efficient and Model-Heterogeneous Personalized
-Federated Learning via Clustered Knowledge Transfer" (COMET), IEEE Journal of Selected Topics in Signal
-Processing, 2023. Each round clients upload soft labels on the public set; the server runs K-means with a given K
-on them and sends each client its cluster's mean soft labels; each client then trains on its local cross-entropy
-plus lambda times the distillation loss to those labels on the public set.
+Source: Y. J. Cho, J. Wang, T. Chiruvolu, G. Joshi, "Communication-Efficient and Model-Heterogeneous Personalized
+Federated Learning via Clustered Knowledge Transfer", IEEE Journal of Selected Topics in Signal Processing 17(1),
+234-247, 2023. Each round clients upload soft labels on the public set; the server runs K-means with a given K on
+them and sends each client its cluster's mean soft labels; each client then learns from them:
+- ``mode: joint`` (the default): one objective, local cross-entropy plus lambda times the KL distillation to the
+  cluster mean on U (COMET's Eq. as published);
+- ``mode: sequential``: first KL distillation on U toward the cluster mean (``clients.distill_epochs``), then
+  cross-entropy on D_i (``epochs``), as the COMET baseline in the COSMOS authors' code runs it (lambda unused).
 
 K-means: scikit-learn ``KMeans`` on each client's flattened ``[n * M]`` soft-label matrix, seeded from the stage
-seed (round, "kmeans"); with fewer uploads than K, K is the number of uploads.
+seed (round, "kmeans"); with fewer uploads than K, K is the number of uploads. ``warm_start``: from the second
+clustering on, K-means starts from the previous round's centroids (one run, no restarts), as in the COSMOS authors'
+COMET; the first clustering, and any round whose K differs from the previous one, starts fresh.
+``mode: sequential`` with ``warm_start: true`` is that baseline.
 
 Scored model: the client model f_i.
 """
@@ -15,53 +21,74 @@ Scored model: the client model f_i.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
+import numpy as np
 import torch
 
-from cosmos_pl.algorithms.base import Algorithm, JointFit, ServerResult, Step, Upload, check_setting
+from cosmos_pl.algorithms.base import (Algorithm, Distill, JointFit, LocalFit, ServerResult, Step, Upload,
+                                       check_setting)
 from cosmos_pl.communication import pseudo_label_bytes
 
-__all__ = ["COMET", "kmeans_clusters"]
+__all__ = ["COMET", "kmeans", "kmeans_clusters"]
 
 
-def kmeans_clusters(uploads: dict[int, torch.Tensor], k: int, seed: int, n_init: int = 10) -> dict[int, int]:
-    """K-means over clients' soft-label matrices ``{i: [n, M]}``; returns client id -> cluster in ``[0, K)``.
+def kmeans(uploads: dict[int, torch.Tensor], k: int, seed: int, n_init: int = 10,
+           init: Optional[torch.Tensor] = None) -> tuple[dict[int, int], torch.Tensor]:
+    """K-means over clients' soft-label matrices ``{i: [n, M]}``: client id -> cluster in ``[0, K)``, and the
+    centroids float64 ``[K, n * M]`` in that numbering.
 
     Cluster ids are renumbered in order of each cluster's lowest client id, so the result does not depend on
-    scikit-learn's label order.
+    scikit-learn's label order. ``init``: centroids ``[K, n * M]`` to start from (one run from them, no restarts);
+    ignored when K (after capping at the number of uploads) or the width differs.
     """
     from sklearn.cluster import KMeans
 
     ids = sorted(uploads)
     x = torch.stack([uploads[i].flatten() for i in ids]).double().numpy()
     k = min(k, len(ids))
-    labels = KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit_predict(x)
-    order = {}
-    for lab in labels:
+    if init is not None and tuple(init.shape) == (k, x.shape[1]):
+        fitted = KMeans(n_clusters=k, init=init.double().numpy(), n_init=1, random_state=seed).fit(x)
+    else:
+        fitted = KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit(x)
+    order: dict[int, int] = {}
+    for lab in fitted.labels_:
         order.setdefault(int(lab), len(order))
-    return {i: order[int(lab)] for i, lab in zip(ids, labels)}
+    centers = np.zeros_like(fitted.cluster_centers_)
+    for old, new in order.items():
+        centers[new] = fitted.cluster_centers_[old]
+    return {i: order[int(lab)] for i, lab in zip(ids, fitted.labels_)}, torch.from_numpy(centers[:len(order)])
+
+
+def kmeans_clusters(uploads: dict[int, torch.Tensor], k: int, seed: int, n_init: int = 10) -> dict[int, int]:
+    """:func:`kmeans`'s assignment alone (client id -> cluster), from a fresh start."""
+    return kmeans(uploads, k, seed, n_init)[0]
 
 
 class COMET(Algorithm):
-    """K-means (given K) on uploaded soft labels; clients train ``CE + lambda * KL`` to their cluster's mean.
+    """K-means (given K) on uploaded soft labels; clients learn from their cluster's mean (module docstring).
 
     Args:
         num_clusters: K, the number of clusters (COMET needs it in advance; COSMOS finds it).
-        lambda_: weight of the distillation term in the clients' objective.
-        epochs: epochs over D_i (each step with a batch of U) per round; null uses clients.local_epochs.
-        n_init: K-means restarts.
+        lambda_: weight of the distillation term in the clients' joint objective (``mode: joint`` only).
+        epochs: epochs over D_i per round (joint: each step with a batch of U); null uses clients.local_epochs.
+        n_init: K-means restarts (a fresh start; a warm start runs once).
+        mode: 'joint' (CE + lambda KL in one objective) or 'sequential' (distill on U, then CE on D_i).
+        warm_start: start K-means from the previous round's centroids.
     """
 
     name = "comet"
 
     def __init__(self, num_clusters: int = 5, lambda_: float = 1.0, epochs: Optional[int] = None,
-                 n_init: int = 10) -> None:
+                 n_init: int = 10, mode: Literal["joint", "sequential"] = "joint", warm_start: bool = False) -> None:
         check_setting("num_clusters", num_clusters, num_clusters >= 1, ">= 1")
         check_setting("lambda_", lambda_, math.isfinite(lambda_) and lambda_ >= 0, "finite and >= 0")
         check_setting("epochs", epochs, epochs is None or epochs >= 0, ">= 0 or null")
         check_setting("n_init", n_init, n_init >= 1, ">= 1")
+        check_setting("mode", mode, mode in ("joint", "sequential"), "'joint' or 'sequential'")
         self.num_clusters, self.lambda_, self.epochs, self.n_init = num_clusters, lambda_, epochs, n_init
+        self.mode, self.warm_start = mode, warm_start
+        self.centroids: Optional[torch.Tensor] = None  # [K, n * M], the last clustering's (for the warm start)
 
     def setup(self, ctx) -> None:
         super().setup(ctx)
@@ -71,13 +98,18 @@ class COMET(Algorithm):
                     f"{ctx.num_clients}: COMET uses K = {ctx.num_clients} (one client per cluster); lower num_clusters")
 
     def plan(self, rnd: int) -> list[Step]:
-        return [Upload("soft"), JointFit(self.ctx.local_epochs if self.epochs is None else self.epochs, self.lambda_)]
+        local = self.ctx.local_epochs if self.epochs is None else self.epochs
+        if self.mode == "sequential":
+            return [Upload("soft"), Distill(self.ctx.distill_epochs), LocalFit(local)]
+        return [Upload("soft"), JointFit(local, self.lambda_)]
 
     def server_step(self, rnd: int, uploads: dict[int, torch.Tensor]) -> ServerResult:
         if len(uploads) < self.num_clusters <= self.ctx.num_clients:  # clients failed this round
             self.ctx.log(f"round {rnd}: COMET: only {len(uploads)} clients uploaded, fewer than num_clusters="
                          f"{self.num_clusters}: K = {len(uploads)} this round")
-        found = kmeans_clusters(uploads, self.num_clusters, self.ctx.stage_seed(rnd, "kmeans", 0), self.n_init)
+        found, centroids = kmeans(uploads, self.num_clusters, self.ctx.stage_seed(rnd, "kmeans", 0), self.n_init,
+                                  self.centroids if self.warm_start else None)
+        self.centroids = centroids
         self.assignment = [found.get(i) for i in range(self.ctx.num_clients)]
         targets = {}
         for k in sorted(set(found.values())):
@@ -98,7 +130,8 @@ class COMET(Algorithm):
                 "clusters": [[i for i, a in enumerate(self.assignment) if a == c] for c in range(k)]}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"assignment": self.assignment}
+        return {"assignment": self.assignment, "centroids": self.centroids}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.assignment = list(state["assignment"])
+        self.centroids = state.get("centroids")  # absent in a checkpoint from before the warm start
