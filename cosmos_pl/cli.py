@@ -72,6 +72,10 @@ def build_fit_parser() -> ArgumentParser:
                         "runs with the same hash load them instead of training (cosmos-pl compare sets it).")
     p.add_argument("--rounds", type=int, default=3,
                    help="R: communication rounds after round 0 (COSMOS: round 1 is the PTC phase, rounds 2.. IFFT).")
+    p.add_argument("--clients_per_round", type=Optional[Union[int, float]], default=None,
+                   help="Clients taking part in each round after round 0: a count (e.g. 10), a fraction of "
+                        "data.num_clients (e.g. 0.5), or null (every client); drawn from (seed, round). An unsampled "
+                        "client neither trains nor uploads and keeps its model; every client is scored.")
     p.add_argument("--evaluate_every", type=Union[int, Literal["final"]], default=1,
                    help="Score the clients every this many rounds, or 'final': the final round only (round 0, the "
                         "local-only baseline, and the final round are always scored).")
@@ -279,6 +283,7 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
             failures=init.failures, checkpoints=init.checkpoint,
             checkpoint_meta={"config_hash": settings_hash, "wandb_run_id": tracker.run_id},
             headline_metric=init.headline_metric, evaluate_every=init.evaluate_every,
+            clients_per_round=init.get("clients_per_round"),
             transport=None if transport is None else functools.partial(
                 transport, config_yaml=config_yaml, num_clients=init.data.num_clients))
         infos, facts = runner.clients.infos, runner.clients.simulation()

@@ -24,6 +24,7 @@ from jsonargparse import Namespace, lazy_instance
 
 from cosmos_pl.algorithms import Algorithm, algorithm_class
 from cosmos_pl.communication import CommunicationConfig
+from cosmos_pl.federated.sampling import check_clients_per_round
 from cosmos_pl.data import FashionMNIST, GroupDirichlet, ImageDataset, Partitioner
 from cosmos_pl.errors import ConfigError, check
 from cosmos_pl.training.client import ClientConfig
@@ -188,7 +189,7 @@ def validate_config(init: Namespace) -> None:
     """Check an instantiated ``fit`` config (``parser.instantiate(cfg)``) before any data is loaded.
 
     Each group checked its own ranges when it was built; this checks what spans groups or needs torch, timm or
-    the machine: ``rounds`` and ``seed``, an empty U for an algorithm that exchanges pseudo-labels on it, the
+    the machine: ``rounds``, ``seed`` and ``clients_per_round``, an empty U for an algorithm that exchanges pseudo-labels on it, the
     partitioner's groups against ``data.num_clients``, backbone names, a batch of one with BatchNorm, the
     algorithm's own requirements (:meth:`Algorithm.validate`), every optimizer's init_args (built once on a
     dummy parameter), CUDA for ``trainer.accelerator`` and the GPU ids of ``executor.devices``.
@@ -203,6 +204,7 @@ def validate_config(init: Namespace) -> None:
     every = init.get("evaluate_every", 1)
     check(every == "final" or every >= 1, "evaluate_every", every, "must be >= 1 (every that many rounds) or 'final'")
     check_seed("seed", init.seed)
+    check_clients_per_round(init.get("clients_per_round"), data.num_clients)
     check(data.public_fraction > 0 or not algorithm.uses_public, "data.public_fraction", data.public_fraction,
           f"must be > 0: {type(algorithm).__name__} exchanges pseudo-labels on the public set U (paper: 0.2)")
     groups = getattr(data.partitioner, "num_groups", None)

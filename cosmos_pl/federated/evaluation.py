@@ -99,10 +99,13 @@ def summarize_run(rows: list[dict[str, Any]], algorithm: Any, headline_metric: s
     name = "cluster teacher h_pi(i)" if algorithm.scored == "teacher" else "client model f_i"
     up = [r["upload_bytes_per_client"] for r in federated]
     down = [r["download_bytes_per_client"] for r in federated]
+    # totals per client: with clients_per_round, a round counts for the share of clients that took part in it
+    share = [r.get("clients_in_round", len(infos)) / len(infos) for r in federated]
     evaluation, setup = extra_bytes["evaluation"], extra_bytes["setup"]
     communication = {
         "upload_bytes_per_client_per_round": max(up), "download_bytes_per_client_per_round": max(down),
-        "upload_bytes_per_client_total": sum(up), "download_bytes_per_client_total": sum(down),
+        "upload_bytes_per_client_total": round(sum(u * f for u, f in zip(up, share))),
+        "download_bytes_per_client_total": round(sum(d * f for d, f in zip(down, share))),
         "upload_dtype": comm.upload_dtype, "top_k": comm.top_k, "rounds": rounds, "public_samples": public_samples,
         "num_classes": num_classes, "parameter_bytes_per_client": [c.parameters * 4 for c in infos],
         # beside the protocol's (the paper's Table 4 counts pseudo-labels only): the models sent to clients to be

@@ -9,7 +9,7 @@ that have not failed this round.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from cosmos_pl.federated.executor import TaskFailure
 from cosmos_pl.federated.failures import ClientFailed, Failure, FailureConfig, RoundFailed
@@ -35,8 +35,11 @@ class RoundState:
         self.client_losses: dict[str, dict[int, dict[str, float]]] = {}  # this round's, per stage and client
         self.stage_losses: dict[int, dict[str, float]] = {}  # per round: mean losses, clients' and the server's
 
-    def begin(self) -> None:
+    def begin(self, participants: Optional[int] = None) -> None:
+        """A new round, taken part in by ``participants`` clients (default: all N; fewer with clients_per_round):
+        the count ``failures.min_fraction`` is taken of."""
         self.failed, self.client_losses = {}, {}
+        self.participants = self.num_clients if participants is None else participants
 
     def record(self, rnd: int, stage: str, results: dict[int, Any]) -> None:
         """Keep each client's last-epoch losses of ``stage``; a failed one (a TaskFailure) fails for the round."""
@@ -83,11 +86,13 @@ class RoundState:
                                "'abort': the run stops at the last complete round")
 
     def check_fraction(self, rnd: int) -> None:
-        """Raises RoundFailed: fewer than ``failures.min_fraction`` of the clients (or none) finished the round."""
-        ok = self.num_clients - len(self.failed)
-        if ok < self.config.min_fraction * self.num_clients or ok == 0:
+        """Raises RoundFailed: fewer than ``failures.min_fraction`` of the clients taking part in the round (or none)
+        finished it."""
+        taking_part = getattr(self, "participants", self.num_clients)
+        ok = taking_part - len(self.failed)
+        if ok < self.config.min_fraction * taking_part or ok == 0:
             first = next(iter(self.failed.values()))
-            raise RoundFailed(f"round {rnd}: only {ok} of {self.num_clients} clients finished it (failures.min_fraction"
+            raise RoundFailed(f"round {rnd}: only {ok} of {taking_part} clients finished it (failures.min_fraction"
                               f" = {self.config.min_fraction}), so it is not committed and the run stops at the last "
                               f"complete round; every failure is in the log above, the first: client {first.client} "
                               f"in {first.step}: {first.reason}")

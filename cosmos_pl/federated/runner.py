@@ -38,6 +38,7 @@ from cosmos_pl.federated.failures import FailureConfig, RoundFailed
 from cosmos_pl.federated.received import accept_uploads
 from cosmos_pl.federated.recorder import Recorder
 from cosmos_pl.federated.round_state import RoundState
+from cosmos_pl.federated.sampling import sampled_clients
 from cosmos_pl.federated.server_data import ServerData
 from cosmos_pl.federated.tasks import TaskRunner
 from cosmos_pl.models import check_backbones, create_backbone
@@ -79,6 +80,7 @@ class Runner:
                  console: Optional[Console] = None, failures: Optional[FailureConfig] = None,
                  checkpoints: Optional[CheckpointConfig] = None, checkpoint_meta: Optional[dict[str, Any]] = None,
                  headline_metric: str = "top1", evaluate_every: int | str = 1,
+                 clients_per_round: Optional[int | float] = None,
                  transport: Optional[Callable[["Runner"], Clients]] = None) -> None:
         if rounds < 1:
             raise ValueError(f"rounds={rounds}: at least 1 communication round is needed")
@@ -91,7 +93,8 @@ class Runner:
         self.recorder, self.console = recorder or Recorder(), console or Console()
         self.failure_cfg, self.checkpoint_cfg = failures or FailureConfig(), checkpoints or CheckpointConfig()
         self.checkpoint_meta, self.headline_metric = dict(checkpoint_meta or {}), headline_metric
-        self.evaluate_every = evaluate_every
+        self.evaluate_every, self.clients_per_round = evaluate_every, clients_per_round
+        self.taking_part: Optional[list[int]] = None  # this round's sampled clients (None: every client)
         self.executor = Executor(executor or ExecutorConfig(), self.tcfg.accelerator)
         self.run_tasks = TaskRunner(self.executor, self.console, self.failure_cfg.timeout_s)
         self.public, self.round_seconds, self.clusters_info = self.server.public_x, {}, {}
@@ -196,11 +199,15 @@ class Runner:
             RoundFailed: fewer than ``failures.min_fraction`` of the clients finished the round.
             ClientFailed: a client failed and ``failures.on_error`` is 'abort'.
         """
-        self.state.begin()
+        sampled = sampled_clients(len(self.clients.infos), self.clients_per_round, self.seed, rnd)
+        self.taking_part = None if self.clients_per_round is None else sampled
+        self.state.begin(len(sampled))
         self.clients.begin_round(rnd)
-        ids = [c.id for c in self.clients.infos if faults.find(self.faults, rnd, c.id, "round") != "drop"]
+        ids = [i for i in sampled if faults.find(self.faults, rnd, i, "round") != "drop"]
         result: Optional[ServerResult] = None
         comm = {"upload_bytes_per_client": 0, "download_bytes_per_client": 0}
+        if self.clients_per_round is not None:  # bytes per client are those of a client that took part
+            comm["clients_in_round"] = len(sampled)
         for step in self.algorithm.plan(rnd):
             active = [i for i in ids if i not in self.state.failed]
             served = [i for i in active if result is not None and i in result.targets]
@@ -272,6 +279,9 @@ class Runner:
         row, per_client = round_rows(rnd, phase, infos, scores, {c.id: self.algorithm.cluster_of(c.id) for c in infos},
                                      self.state.failed, self.algorithm.scored, info["K"] if info else None, comm,
                                      self.state.stage_losses.get(rnd, {}))
+        if self.clients_per_round is not None:  # which clients trained and uploaded this round (round 0: all)
+            for r in per_client:
+                r["took_part"] = rnd == 0 or r["client"] in (self.taking_part or [])
         row.update(structure_columns(info))
         self.recorder.add_round(row, per_client)
         self.console.print(round_line(row, len(per_client)))
