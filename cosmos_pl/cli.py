@@ -107,6 +107,11 @@ def build_compare_parser() -> ArgumentParser:
     p.add_argument("--seeds", type=Optional[str], default=None, help="Comma-separated seeds; overrides comparison.seeds.")
     p.add_argument("--jobs", type=Optional[int], default=None, help="Pairs run side by side; overrides comparison.jobs.")
     p.add_argument("--out", type=str, required=True, help="Output folder: one run directory per pair, and the report.")
+    p.add_argument("--grid", action="append", type=str, default=None,
+                   help="KEY=V1,V2,...: the comparison at each value (repeat for a product grid); KEY is any fit "
+                        "setting (data.partitioner.init_args.alpha) or an algorithm's (algorithm.init_args.lambda_, "
+                        "or lambda_, b0, temperature, aggregation): each point gets OUT/<name>=<value>/ with its "
+                        "report, then OUT/grid.md and OUT/grid_<name>.png.")
     return p
 
 

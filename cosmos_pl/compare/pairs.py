@@ -14,6 +14,7 @@ the visible GPUs too: side-by-side pairs take the GPUs in turn (:func:`gpu_slots
 from __future__ import annotations
 
 import csv
+import inspect
 import json
 import os
 import queue
@@ -36,6 +37,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cosmos_pl.algorithms import COSMOS, algorithm_class
 from cosmos_pl.class_groups import parse_args
+from cosmos_pl.compare.grid import parse_grid, plan_grid, run_grid
 from cosmos_pl.compare.report import PairResult, write_report
 from cosmos_pl.config import CompareConfig, check_seed, validate_config
 from cosmos_pl.errors import ConfigError, check
@@ -46,7 +48,7 @@ from cosmos_pl.federated.run_directory import _mkdir, atomic_write_text
 
 __all__ = ["run_compare", "CompareResult", "Pair"]
 
-_COMPARE_ONLY = ("algorithms", "seeds", "jobs", "out", "config", "comparison", "overwrite")
+_COMPARE_ONLY = ("algorithms", "seeds", "jobs", "out", "config", "comparison", "overwrite", "grid")
 # keys of pair.yaml that do not change a run's numbers (and are absent from older pair.yaml files); failures
 # settings only act when a client fails, which a finished run would have recorded; paths, so that an --out
 # folder may be moved; the headline metric, which the report reads from metrics.csv (both metrics are there)
@@ -89,10 +91,17 @@ def _split(text: Optional[str], cast: Any, key: str) -> Optional[list]:
     return values
 
 
+def takes(cls: type, setting: str) -> bool:
+    """Whether algorithm class ``cls`` has the init setting ``setting``."""
+    return setting in inspect.signature(cls.__init__).parameters
+
+
 def _pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser, out: Path,
-                  algorithms: list[str], seeds: list[int], jobs: int) -> list[Pair]:
+                  algorithms: list[str], seeds: list[int], jobs: int, algorithm_settings: Optional[dict] = None,
+                  round0: Optional[Path] = None) -> list[Pair]:
     """Resolve every pair's ``fit`` config and check it as ``fit`` does (parse, build, :func:`validate_config`)
-    before anything runs."""
+    before anything runs. ``algorithm_settings``: init settings given to every algorithm that takes them (a grid
+    point's); ``round0``: the round-0 cache folder (default ``out/round0``)."""
     base = yaml.safe_load(parser.dump(cfg, skip_unset=False))
     for key in _COMPARE_ONLY:
         base.pop(key, None)
@@ -112,9 +121,10 @@ def _pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPa
             init_args = base["algorithm"].get("init_args", {})
         else:
             init_args = {}
+        init_args = {**init_args, **{k: v for k, v in (algorithm_settings or {}).items() if takes(cls, k)}}
         for seed in seeds:
             run_dir = out / "runs" / f"{cls.name}-seed{seed}"
-            pair_cfg = {**base, "seed": seed, "run_dir": str(run_dir), "round0_cache": str(out / "round0"),
+            pair_cfg = {**base, "seed": seed, "run_dir": str(run_dir), "round0_cache": str(round0 or out / "round0"),
                         "algorithm": {"class_path": f"{cls.__module__}.{cls.__name__}", "init_args": init_args},
                         "executor": executor}
             text = yaml.safe_dump(pair_cfg, sort_keys=False)
@@ -244,6 +254,12 @@ def run_compare(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPars
     out = Path(cfg.out)
     check(not out.is_file(), "--out", str(out), "is an existing file; give a folder")
     CompareConfig(**cfg.comparison.clone().as_dict())  # its own checks (algorithm names in settings, seeds, jobs)
+    grid = parse_grid(cfg.get("grid") or [])
+    if grid:  # every point's pairs checked before anything is written
+        plan = plan_grid(cfg, parser, fit_parser, out, algorithms, seeds, jobs, grid)
+        _mkdir(out, "--out")
+        with FolderLock(out, "--out"):
+            return CompareResult(run_grid(cfg, plan, out, algorithms, seeds, jobs, console), out)
     pairs = _pair_configs(cfg, parser, fit_parser, out, algorithms, seeds, jobs)
     _mkdir(out, "--out")
     with FolderLock(out, "--out"):  # one compare per folder: a second would delete the pairs the first runs
@@ -257,8 +273,32 @@ def _run_pairs(cfg: Namespace, pairs: list[Pair], out: Path, algorithms: list[st
     console.print(f"[bold]cosmos-pl compare[/bold]: {len(pairs)} pairs ({', '.join(dict.fromkeys(algorithms))} x "
                   f"seeds {seeds}); {len(pairs) - len(todo)} already finished in {out}, {len(todo)} to run, "
                   f"{jobs} at a time")
+    errors = execute_pairs(todo, jobs, console)
+    results = report_pairs(cfg, pairs, errors, out, algorithms, console)
+    return CompareResult(results, out)
+
+
+def report_pairs(cfg: Namespace, pairs: list[Pair], errors: dict[str, Optional[str]], out: Path,
+                 algorithms: list[str], console: Console, title: Optional[str] = None) -> list[PairResult]:
+    """Read every pair's records and write the report into ``out``; returns the pairs' results."""
+    results = [_result(p, errors.get(p.label)) for p in pairs]
+    for r in results:
+        if r.error:
+            console.print(f"[red]{r.algorithm} seed {r.seed} failed[/red]: {r.error}")
+    config_name = Path(str((cfg.get("config") or ["compare"])[-1])).stem
+    title = title or f"{config_name}: {', '.join(dict.fromkeys(algorithms))}"
+    write_report(results, out, title, cfg.headline_metric)
+    console.print((out / "comparison.md").read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"report: {out / 'comparison.md'}, {out / 'communication.md'}, {out / 'accuracy_vs_round.png'}")
+    return results
+
+
+def execute_pairs(todo: list[Pair], jobs: int, console: Console) -> dict[str, Optional[str]]:
+    """Run the pairs ``todo``, ``jobs`` side by side; returns each pair's error (None: it finished), by label."""
     errors: dict[str, Optional[str]] = {}
-    total_rounds = int(yaml.safe_load(pairs[0].config_yaml)["rounds"]) + 1 if pairs else 1
+    if not todo:
+        return errors
+    total_rounds = int(yaml.safe_load(todo[0].config_yaml)["rounds"]) + 1
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("round {task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console) as bar:
         tasks = {p.label: bar.add_task(p.label, total=total_rounds, start=False) for p in todo}
@@ -302,12 +342,4 @@ def _run_pairs(cfg: Namespace, pairs: list[Pair], out: Path, algorithms: list[st
         finally:
             stop.set()
         pool.shutdown(wait=True)
-    results = [_result(p, errors.get(p.label)) for p in pairs]
-    for r in results:
-        if r.error:
-            console.print(f"[red]{r.algorithm} seed {r.seed} failed[/red]: {r.error}")
-    title = f"{Path(str((cfg.get('config') or ['compare'])[-1])).stem}: {', '.join(dict.fromkeys(algorithms))}"
-    write_report(results, out, title, cfg.headline_metric)
-    console.print((out / "comparison.md").read_text(), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"report: {out / 'comparison.md'}, {out / 'communication.md'}, {out / 'accuracy_vs_round.png'}")
-    return CompareResult(results, out)
+    return errors

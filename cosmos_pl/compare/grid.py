@@ -1,0 +1,258 @@
+"""``cosmos-pl compare --grid KEY=V1,V2,...``: the comparison at every point of a settings grid.
+
+Each ``--grid`` sweeps one setting; several make their product. A key is any ``fit`` setting
+(``data.partitioner.init_args.alpha``, ``data.num_clients``, ``data.public_fraction``, ...) or an algorithm's init
+setting, as ``algorithm.init_args.NAME`` or the bare name (``b0``, ``temperature``, ``aggregation``, ``lambda_``,
+``teacher_backbone``). An algorithm setting goes to every compared algorithm that takes it (COSMOS and COMET both
+take ``lambda_``); an algorithm that does not is run once, not per value, and the tables say so.
+
+Each point gets its folder ``OUT/<name>=<value>[,...]/`` with the usual report (comparison.md with the paired
+differences, comparison.csv, communication.md, accuracy_vs_round.png; its runs under ``runs/``); a pair identical
+at several points (an algorithm the sweep does not touch) runs once, in the first point's folder, and the others
+read it. One round-0 cache ``OUT/round0`` serves every point (it is keyed by the settings that decide round 0).
+Then ``OUT/grid.md`` (every point's table) and one figure per swept setting, ``OUT/grid_<name>.png``: the final
+round's mean personalized accuracy (mean ± SEM over seeds) against the setting's values, one line per algorithm
+(per value of the other settings, when several are swept). Skip, resume and failure rules are those of compare.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+from jsonargparse import ArgumentParser, Namespace
+from rich.console import Console
+
+from cosmos_pl.algorithms import algorithm_class
+from cosmos_pl.compare.report import AlgorithmRow, comparison_markdown, summarize
+from cosmos_pl.errors import ConfigError
+from cosmos_pl.files import atomic_write_text
+
+__all__ = ["parse_grid", "grid_points", "plan_grid", "run_grid", "GridPlan"]
+
+ALGORITHM_PREFIXES = ("algorithm.init_args.", "algorithm.")
+
+
+def _values(text: str) -> list[str]:
+    """``V1,V2,...`` split at the commas outside brackets (a list value such as ``[a, b]`` stays whole)."""
+    out, depth, current = [], 0, ""
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    out.append(current.strip())
+    return [v for v in out if v]
+
+
+def parse_grid(items: list[str]) -> list[tuple[str, list[Any]]]:
+    """``["KEY=V1,V2", ...]`` as ``[(KEY, [V1, V2]), ...]``, each value read as YAML (``5`` an int, ``0.1`` a
+    float, ``auto`` a string).
+
+    Raises:
+        ConfigError: an item without ``=``, without values, or a key given twice."""
+    grid: list[tuple[str, list[Any]]] = []
+    for item in items:
+        key, sep, rest = str(item).partition("=")
+        key = key.strip()
+        values = _values(rest) if sep else []
+        if not key or not values:
+            raise ConfigError(f"--grid {item!r}: give KEY=V1,V2,... (e.g. --grid data.partitioner.init_args.alpha="
+                              "1,5,100)")
+        if key in [k for k, _ in grid]:
+            raise ConfigError(f"--grid {key}: given twice; give its values once, comma-separated")
+        grid.append((key, [yaml.safe_load(v) for v in values]))
+    return grid
+
+
+def algorithm_setting(key: str) -> Optional[str]:
+    """The algorithm init setting a grid key names (``algorithm.init_args.b0`` and ``b0`` name ``b0``), else None
+    (a key of the whole config)."""
+    for prefix in ALGORITHM_PREFIXES:
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return None if "." in key else key
+
+
+def grid_points(grid: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
+    """Every combination of the swept values, the first key varying slowest."""
+    keys = [k for k, _ in grid]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in grid))]
+
+
+def _short(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def point_name(point: dict[str, Any]) -> str:
+    """A point's folder name, ``alpha=5,lambda_=1`` (the last part of each key)."""
+    return ",".join(f"{_short(k)}={v}" for k, v in point.items()).replace("/", "_").replace(" ", "")
+
+
+def check_keys(grid: list[tuple[str, list[Any]]], cfg: Namespace, algorithms: list[str]) -> dict[str, list[str]]:
+    """Check every key against the config and the algorithms; returns, per algorithm setting, the algorithms that
+    do not take it.
+
+    Raises:
+        ConfigError: a config key that does not exist, or an algorithm setting none of the algorithms takes."""
+    from cosmos_pl.compare.pairs import takes
+
+    skipped: dict[str, list[str]] = {}
+    for key, _ in grid:
+        setting = algorithm_setting(key)
+        if setting is None:
+            if key not in cfg:
+                raise ConfigError(f"--grid {key}: no such setting (see cosmos-pl fit --print_config); an algorithm's "
+                                  "setting is algorithm.init_args.NAME or its bare name, e.g. --grid b0=0.5,1")
+            continue
+        classes = {name: algorithm_class(name) for name in algorithms}
+        if not any(takes(cls, setting) for cls in classes.values()):
+            raise ConfigError(f"--grid {key}: none of the algorithms ({', '.join(algorithms)}) takes {setting!r}")
+        skipped[setting] = [name for name, cls in classes.items() if not takes(cls, setting)]
+    return skipped
+
+
+@dataclass
+class GridPlan:
+    """Every point of a grid with its pairs (a pair shared by points is the same object), checked before any runs."""
+
+    grid: list[tuple[str, list[Any]]]
+    points: list[tuple[dict[str, Any], Path, list[Any]]]  # (point, its folder, its pairs)
+    unique: list[Any]  # each distinct pair once
+    skipped: dict[str, list[str]]  # per algorithm setting, the algorithms that do not take it
+
+
+def plan_grid(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser, out: Path, algorithms: list[str],
+              seeds: list[int], jobs: int, grid: list[tuple[str, list[Any]]]) -> GridPlan:
+    """Every point's pairs, each checked as ``fit`` checks a config; writes nothing.
+
+    Raises:
+        ConfigError: a bad key (:func:`check_keys`) or a bad value at some point, naming it."""
+    from cosmos_pl.compare.pairs import _pair_configs
+
+    skipped = check_keys(grid, cfg, algorithms)
+    points, seen, unique = [], {}, []
+    for point in grid_points(grid):
+        point_cfg = cfg.clone()
+        settings = {}
+        for key, value in point.items():
+            setting = algorithm_setting(key)
+            if setting is None:
+                point_cfg[key] = value
+            else:
+                settings[setting] = value
+        folder = out / point_name(point)
+        try:
+            pairs = _pair_configs(point_cfg, parser, fit_parser, folder, algorithms, seeds, jobs, settings,
+                                  out / "round0")
+        except ConfigError as err:
+            raise ConfigError(f"--grid point {point_name(point)}: {err}") from None
+        shared = []
+        for p in pairs:  # an algorithm the sweep leaves alone has the same config at every point: run it once
+            config = yaml.safe_load(p.config_yaml)
+            config.pop("run_dir", None)
+            identity = yaml.safe_dump(config, sort_keys=True)
+            if identity not in seen:
+                seen[identity] = p
+                unique.append(p)
+            shared.append(seen[identity])
+        points.append((point, folder, shared))
+    return GridPlan(grid, points, unique, skipped)
+
+
+def run_grid(cfg: Namespace, plan: GridPlan, out: Path, algorithms: list[str], seeds: list[int], jobs: int,
+             console: Console) -> list[Any]:
+    """Run every distinct pair of ``plan`` once (skipping finished ones, resuming interrupted ones), then each
+    point's report and the grid's; returns every point's pair results (the CLI exits 1 when any failed)."""
+    from cosmos_pl.compare.pairs import _finished, execute_pairs, report_pairs
+
+    todo = [p for p in plan.unique if not _finished(p)]
+    console.print(f"[bold]cosmos-pl compare --grid[/bold]: {len(plan.points)} points x {len(algorithms)} algorithms "
+                  f"x {len(seeds)} seeds: {len(plan.unique)} distinct pairs, {len(plan.unique) - len(todo)} already "
+                  f"finished in {out}, {len(todo)} to run, {jobs} at a time")
+    errors = execute_pairs(todo, jobs, console)
+    config_name = Path(str((cfg.get("config") or ["compare"])[-1])).stem
+    results, tables = [], []
+    for point, folder, pairs in plan.points:
+        folder.mkdir(parents=True, exist_ok=True)
+        title = f"{config_name}, {point_name(point)}: {', '.join(dict.fromkeys(algorithms))}"
+        got = report_pairs(cfg, pairs, errors, folder, algorithms, console, title)
+        results += got
+        tables.append((point, summarize(got, metric=cfg.headline_metric), _notes(point, plan.skipped)))
+    atomic_write_text(out / "grid.md", grid_markdown(tables, config_name, cfg.headline_metric))
+    for key, values in plan.grid:
+        plot_grid(tables, key, values, out / f"grid_{_short(key)}.png", config_name, cfg.headline_metric)
+    console.print(f"grid report: {out / 'grid.md'}, " +
+                  ", ".join(str(out / f"grid_{_short(k)}.png") for k, _ in plan.grid))
+    return results
+
+
+def _notes(point: dict[str, Any], skipped: dict[str, list[str]]) -> list[str]:
+    notes = []
+    for key in point:
+        setting = algorithm_setting(key)
+        for name in skipped.get(setting or "", []):
+            notes.append(f"{name} takes no {setting!r}: the same run at every {_short(key)} (not swept)")
+    return notes
+
+
+def grid_markdown(tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]], title: str,
+                  metric: str) -> str:
+    """Every point's comparison table (as in comparison.md), under a heading naming the point, with its notes."""
+    parts = [f"# {title}: grid of {len(tables)} points\n"]
+    for point, rows, notes in tables:
+        heading = ", ".join(f"{k} = {v}" for k, v in point.items())
+        body = comparison_markdown(rows, heading, metric)
+        parts.append(body + "".join(f"\n- {n}" for n in notes) + "\n")
+    return "\n".join(parts)
+
+
+def plot_grid(tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]], key: str, values: list[Any],
+              path: Path, title: str, metric: str) -> None:
+    """``grid_<name>.png``: final mean personalized accuracy (mean ± SEM over seeds) against ``key``'s values, a
+    line per algorithm and per value of the other swept settings; numeric values on a numeric axis (log when they
+    span a factor of 20 or more), others evenly spaced."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    x_of = {repr(v): (float(v) if numeric else j) for j, v in enumerate(values)}
+    lines: dict[str, list[tuple[float, float, float]]] = {}
+    for point, rows, _ in tables:
+        others = ", ".join(f"{_short(k)}={v}" for k, v in point.items() if k != key)
+        for row in rows:
+            if not row.seeds or math.isnan(row.final["mean"]):
+                continue
+            label = row.algorithm + (f" ({others})" if others else "")
+            lines.setdefault(label, []).append((x_of[repr(point[key])], row.final["mean"], row.final["sem"]))
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for label, pts in lines.items():
+        pts.sort()
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
+                    label=label)
+    if numeric and min(values) > 0 and max(values) / min(values) >= 20:
+        ax.set_xscale("log")
+    if not numeric:
+        ax.set_xticks(range(len(values)), [str(v) for v in values])
+    ax.set_xlabel(key)
+    ax.set_ylabel(f"final mean personalized {'top-5 ' if metric == 'top5' else ''}accuracy")
+    ax.set_title(f"{title}: final accuracy vs {_short(key)} (mean ± SEM over seeds)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
