@@ -336,6 +336,9 @@ def final_line(summary: dict[str, Any], scored: str) -> str:
         parts.append(f"teacher {label}{teacher:.4f}")
     if scored == "teacher":
         parts.append(f"client f_i {label}{final[f'client_{suffix}']['mean']:.4f}")
+    shifted = final.get("teacher_prior_acc", {}).get("mean") if metric == "top1" else None
+    if shifted is not None:
+        parts.append(f"teacher at each client's label prior {shifted:.4f}")
     parts.append(f"local-only (round 0) {label}{local[f'client_{suffix}']['mean']:.4f}")
     if summary["clusters"]["K"] is not None:
         parts.append(f"K = {summary['clusters']['K']}, ARI = {summary['clusters']['adjusted_rand_index']}")

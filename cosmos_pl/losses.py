@@ -36,17 +36,21 @@ def apply_temperature(probs: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax((log_p - log_p.amax(dim=1, keepdim=True)) / temperature, dim=1)
 
 
-def adjust_to_prior(probs: torch.Tensor, class_counts: torch.Tensor) -> torch.Tensor:
+def adjust_to_prior(probs: torch.Tensor, class_counts: torch.Tensor,
+                    source_prior: torch.Tensor | None = None) -> torch.Tensor:
     """Shift pseudo-labels to a client's own label prior (label-shift correction, Saerens et al., 2002).
 
-    ``p'(y|x) ∝ p(y|x) * pi_i(y) / pi_U(y)``, where ``pi_U`` is the mean of ``probs`` over U (the prior the
-    pseudo-labels carry) and ``pi_i`` the client's class frequencies with one added to every count (so that no
-    class is zeroed). The client computes this from its own labels; nothing is sent. Used as COSMOS's
-    ``client_prior_correction`` on the cluster teacher's targets before Eq. 2.
+    ``p'(y|x) ∝ p(y|x) * pi_i(y) / pi_U(y)``, where ``pi_U`` is the prior the probabilities carry (``source_prior``;
+    default the mean of ``probs`` over its rows, U) and ``pi_i`` the client's class frequencies with one added to
+    every count (so that no class is zeroed). The client computes this from its own labels; nothing is sent. Used as
+    COSMOS's ``client_prior_correction`` on the cluster teacher's targets before Eq. 2, and to score the teacher
+    as the client would use it (its mean output on U as ``source_prior``, applied to its outputs on the client's
+    test images).
 
     Args:
-        probs: ``[n, M]`` pseudo-labels on U, rows on the simplex.
+        probs: ``[n, M]`` probabilities, rows on the simplex.
         class_counts: ``[M]`` the client's label counts.
+        source_prior: ``[M]`` the prior ``probs`` carry, or None (their mean).
 
     Returns:
         ``[n, M]`` rows on the simplex.
@@ -58,7 +62,8 @@ def adjust_to_prior(probs: torch.Tensor, class_counts: torch.Tensor) -> torch.Te
         raise ValueError(f"class_counts has shape {tuple(class_counts.shape)}; expected ({probs.shape[1]},)")
     prior = class_counts.to(probs.dtype) + 1
     prior = prior / prior.sum()
-    adjusted = probs * (prior / probs.mean(dim=0).clamp_min(1e-12))
+    carried = probs.mean(dim=0) if source_prior is None else source_prior.to(probs.dtype)
+    adjusted = probs * (prior / carried.clamp_min(1e-12))
     return adjusted / adjusted.sum(dim=1, keepdim=True)
 
 

@@ -19,7 +19,8 @@ from cosmos_pl.report import METRIC_LABEL, mean_sem
 
 __all__ = ["ACC_KEYS", "round_rows", "round_line", "summarize_run", "structure_columns", "with_adjusted_rand_index"]
 
-ACC_KEYS = ("teacher_acc", "client_acc", "teacher_top5", "client_top5", "teacher_val_acc", "client_val_acc")
+ACC_KEYS = ("teacher_acc", "client_acc", "teacher_top5", "client_top5", "teacher_val_acc", "client_val_acc",
+            "teacher_prior_acc")
 
 
 def round_rows(rnd: int, phase: str, infos: list[ClientInfo], scores: Scores, clusters: dict[int, Optional[int]],
@@ -41,6 +42,8 @@ def round_rows(rnd: int, phase: str, infos: list[ClientInfo], scores: Scores, cl
         row = {"round": rnd, "client": c.id, "backbone": c.backbone, "cluster": -1 if cluster is None else cluster,
                "teacher_acc": teacher.get("top1"), "client_acc": own.get("top1"),
                "failed_step": failure.step if failure else "", "failure": failure.reason if failure else ""}
+        if "teacher_prior" in test:  # the teacher shifted to the client's own label prior, beside the teacher
+            row["teacher_prior_acc"] = test["teacher_prior"].get("top1")
         if "top5" in own:
             row.update(teacher_top5=teacher.get("top5"), client_top5=own["top5"])
         if val is not None:  # the validation split: what settings are chosen on (never the test split)

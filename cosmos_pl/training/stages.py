@@ -451,12 +451,36 @@ def evaluate(
     return {k: float(m.compute()) for k, m in metrics.items()}
 
 
+def _accuracy(probs: torch.Tensor, y: torch.Tensor, num_classes: int) -> dict[str, float]:
+    metrics = {"top1": MulticlassAccuracy(num_classes, top_k=1, average="micro")}
+    if num_classes >= 20:
+        metrics["top5"] = MulticlassAccuracy(num_classes, top_k=5, average="micro")
+    if len(y) == 0:
+        return {k: float("nan") for k in metrics}
+    return {k: float(m(probs, y)) for k, m in metrics.items()}
+
+
 def evaluate_models(models: dict[str, nn.Module], x: torch.Tensor, y: torch.Tensor, num_classes: int,
-                    trainer: TrainerConfig, where: str = "evaluation") -> dict[str, dict[str, float]]:
+                    trainer: TrainerConfig, where: str = "evaluation", class_counts: torch.Tensor | None = None,
+                    public: torch.Tensor | None = None) -> dict[str, dict[str, float]]:
     """Test accuracies of several models for one client (its own f_i, its cluster teacher h_pi(i), ...), by name.
+
+    With ``class_counts`` (``[M]``, the client's training labels) and ``public`` (U, uint8 ``[n, C, H, W]``), a
+    ``"teacher"`` is also scored as the client would use it, ``"teacher_prior"``: its probabilities on ``x`` shifted
+    to the client's label prior (:func:`cosmos_pl.losses.adjust_to_prior`, the teacher's mean output on U as the
+    prior it carries). Reported beside the teacher's own accuracy, never instead of it.
 
     Raises:
         DivergenceError: a model's logit is non-finite; the message names ``where`` and the model's name.
     """
-    return {name: evaluate(model, x, y, num_classes, trainer, f"{where}, {name} model")
-            for name, model in models.items()}
+    out = {name: evaluate(model, x, y, num_classes, trainer, f"{where}, {name} model")
+           for name, model in models.items()}
+    teacher = models.get("teacher")
+    if teacher is not None and class_counts is not None and public is not None and len(public):
+        from cosmos_pl.losses import adjust_to_prior
+
+        carried = predict_probs(teacher, public, trainer, f"{where}, teacher on U").mean(dim=0)
+        probs = predict_probs(teacher, x, trainer, f"{where}, teacher model") if len(y) else torch.empty(0)
+        adjusted = adjust_to_prior(probs, class_counts, carried) if len(y) else probs
+        out["teacher_prior"] = _accuracy(adjusted, y, num_classes)
+    return out

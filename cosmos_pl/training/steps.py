@@ -277,11 +277,15 @@ class ClientRuntime:
     def evaluate(self, client: Client, rnd: int, models: Optional[dict[str, nn.Module]] = None) -> list[tuple[str, Task]]:
         """``(split, task)`` per split the client has ("test", and "val" when there is a validation split); each
         task scores ``models`` (default: the client's own f_i as ``"client"``) on that split of the client's data
-        and returns ``{name: {"top1": ..., "top5": ...}}`` (fractions; NaN on an empty split)."""
+        and returns ``{name: {"top1": ..., "top5": ...}}`` (fractions; NaN on an empty split); a ``"teacher"`` is
+        scored as ``"teacher_prior"`` too (:func:`~cosmos_pl.training.stages.evaluate_models`)."""
         models = {"client": client.model} if models is None else models
         d = client.data
+        # a teacher is also scored shifted to the client's own label prior (from its own labels, on the client)
+        prior = dict(class_counts=torch.bincount(d.y, minlength=self.num_classes), public=self.public) \
+            if "teacher" in models else {}
         return [(split, (evaluate_models, dict(models=models, x=x, y=y, num_classes=self.num_classes,
-                                               trainer=self.trainer,
+                                               trainer=self.trainer, **prior,
                                                where=f"round {rnd}, evaluation ({split}), client {client.id}")))
                 for split, x, y in (("test", d.x_test, d.y_test), ("val", d.x_val, d.y_val)) if y is not None]
 
