@@ -68,3 +68,18 @@ def test_a_lambda_grid_runs_each_distinct_pair_once_and_reports_every_point(repo
     capsys.readouterr()
     assert _compare(repo_root, out, "--grid", "lambda_=0,5") == 0
     assert "3 distinct pairs, 3 already finished" in " ".join(capsys.readouterr().out.split())  # unwrapped
+
+
+def test_grid_values_that_are_numbers_are_numbers_and_seed_is_compares_own_axis():
+    assert parse_grid(["temperature=1e-1,2"]) == [("temperature", [0.1, 2])]  # YAML 1.1 reads 1e-1 as text
+    assert parse_grid(["b0=inf,auto"]) == [("b0", ["inf", "auto"])]  # words stay words
+    with pytest.raises(ConfigError, match="--grid seed: the seeds are compare's own axis; give --seeds"):
+        parse_grid(["seed=0,1"])
+
+
+def test_a_top_level_setting_is_a_config_key_not_an_algorithms():
+    from jsonargparse import Namespace
+
+    cfg = Namespace(rounds=3, clients_per_round=None)
+    assert algorithm_setting("rounds", cfg) is None and algorithm_setting("clients_per_round", cfg) is None
+    assert algorithm_setting("b0", cfg) == "b0"

@@ -83,3 +83,20 @@ def test_unsampled_clients_keep_their_model_every_client_is_scored_and_a_resume_
     assert main(["fit", "--resume", str(resumed)]) == 0
     for name in ("metrics.csv", "clients.csv"):
         assert (resumed / name).read_text() == (run / name).read_text(), name
+
+
+@pytest.mark.slow  # a small digits run
+def test_fedavg_with_sampled_clients_leaves_every_client_holding_the_global_model(repo_root, tmp_path):
+    from cosmos_pl.cli import main
+
+    run = tmp_path / "fedavg"
+    assert main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--algorithm", "FedAvg",
+                 "--clients.backbones", "[test_efficientnet]", "--rounds", "2", "--data.num_clients", "5",
+                 "--clients.pretrain_epochs", "1", "--clients_per_round", "2", "--executor.threads_per_worker", "1",
+                 "--run_dir", str(run)]) == 0
+    models = torch.load(run / "checkpoints" / "round-0002.pt", weights_only=True)["clients"]["models"]
+    for key, value in models[0].items():  # the average of the 2 sampled clients, held by all 5 (the next sampled
+        if value.is_floating_point():     # ones train from it)
+            assert all(torch.equal(m[key], value) for m in models[1:]), key
+    took = [r for r in _rows(run / "clients.csv") if r["round"] == "2" and r["took_part"] == "True"]
+    assert [int(r["client"]) for r in took] == sampled_clients(5, 2, seed=0, rnd=2)

@@ -203,6 +203,11 @@ class COSMOS(Algorithm):
         stacked = torch.stack([uploads[i] for i in ids])
         ptc = not self.clusters  # the first round with uploads clusters them and trains teachers from scratch
         if ptc:
+            if len(ids) < self.ctx.num_clients:  # clients_per_round, or clients that failed this round
+                self.ctx.log(f"round {rnd}: COSMOS clusters the {len(ids)} of {self.ctx.num_clients} clients that "
+                             "uploaded (Algorithm 1); every later client joins the nearest of these clusters, so a "
+                             "group none of them belongs to gets no cluster of its own: raise clients_per_round to "
+                             "cluster more of them")
             self._cluster(ids, stacked)
         else:
             self._place_newcomers(ids, stacked)

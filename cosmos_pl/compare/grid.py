@@ -18,6 +18,7 @@ round's mean personalized accuracy (mean ± SEM over seeds) against the setting'
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -69,17 +70,28 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[Any]]]:
                               "1,5,100)")
         if key in [k for k, _ in grid]:
             raise ConfigError(f"--grid {key}: given twice; give its values once, comma-separated")
-        grid.append((key, [yaml.safe_load(v) for v in values]))
+        if key == "seed":
+            raise ConfigError("--grid seed: the seeds are compare's own axis; give --seeds 0,1,2")
+        grid.append((key, [_value(v) for v in values]))
     return grid
 
 
-def algorithm_setting(key: str) -> Optional[str]:
+_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _value(text: str) -> Any:
+    """A grid value read as YAML; a number YAML 1.1 leaves a string (``1e-1``) is a float."""
+    value = yaml.safe_load(text)
+    return float(text) if isinstance(value, str) and _NUMBER.match(text) else value
+
+
+def algorithm_setting(key: str, cfg: Optional[Namespace] = None) -> Optional[str]:
     """The algorithm init setting a grid key names (``algorithm.init_args.b0`` and ``b0`` name ``b0``), else None
-    (a key of the whole config)."""
+    (a key of the whole config: dotted, or a top-level setting of ``cfg`` such as ``rounds``)."""
     for prefix in ALGORITHM_PREFIXES:
         if key.startswith(prefix):
             return key[len(prefix):]
-    return None if "." in key else key
+    return None if "." in key or (cfg is not None and key in cfg) else key
 
 
 def grid_points(grid: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
@@ -107,7 +119,7 @@ def check_keys(grid: list[tuple[str, list[Any]]], cfg: Namespace, algorithms: li
 
     skipped: dict[str, list[str]] = {}
     for key, _ in grid:
-        setting = algorithm_setting(key)
+        setting = algorithm_setting(key, cfg)
         if setting is None:
             if key not in cfg:
                 raise ConfigError(f"--grid {key}: no such setting (see cosmos-pl fit --print_config); an algorithm's "
@@ -144,7 +156,7 @@ def plan_grid(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser
         point_cfg = cfg.clone()
         settings = {}
         for key, value in point.items():
-            setting = algorithm_setting(key)
+            setting = algorithm_setting(key, cfg)
             if setting is None:
                 point_cfg[key] = value
             else:

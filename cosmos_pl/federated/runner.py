@@ -233,7 +233,11 @@ class Runner:
                 if served:
                     self.state.record(rnd, step.stage, self.clients.train(rnd, step, served, result.targets))
             elif isinstance(step, LoadWeights):
-                for i, got in self.clients.load_weights(rnd, {i: result.targets[i] for i in served}).items():
+                # FedAvg's global model: with clients_per_round every client holds it (one not sampled would be sent
+                # it when next sampled, before training); its bytes count for the clients that took part
+                loading = served + [i for i in sorted(result.targets) if i not in sampled] \
+                    if self.clients_per_round is not None and result is not None else served
+                for i, got in self.clients.load_weights(rnd, {i: result.targets[i] for i in loading}).items():
                     if isinstance(got, TaskFailure):
                         self.state.fail(rnd, i, got.step or "load weights", got.reason)
             else:  # pragma: no cover - a new step kind without runner support
