@@ -76,7 +76,8 @@ def round_line(row: dict[str, Any], n: int) -> str:
     """The console's line for a round's row (``n`` clients): the mean teacher and client accuracy."""
     teacher, client = ("-" if row.get(k) is None else f"{row[k]:.4f}" for k in ("teacher_acc_mean", "client_acc_mean"))
     covered = row["personalized_acc_clients"]
-    note = "" if covered == n else f" (mean over {covered} of {n} clients; the others have no test samples)"
+    note = "" if covered == n else (f" (mean over {covered} of {n} clients; the others have no score: no test "
+                                    "samples, or no teacher yet)")
     return f"round {row['round']} ({row['phase']}): teacher h_pi(i) {teacher}  client f_i {client}{note}"
 
 
