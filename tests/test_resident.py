@@ -102,3 +102,10 @@ def test_a_stage_keeps_one_device_copy_of_a_resident_tensor():
     again = torch.ones(3)  # a new tensor under the same name (a later run in this process) gets its own copy
     setattr(again, RESIDENT_ATTR, "U")
     assert stages._to_device(again, meta) is not first
+
+
+def test_the_stages_read_the_tag_the_transfer_writes():
+    u = torch.zeros(2)
+    Residents().add("U", u)  # tags it with RESIDENT_ATTR
+    first = stages._to_device(u, torch.device("meta"))
+    assert stages._to_device(u, torch.device("meta")) is first  # the stage saw the tag: one copy

@@ -127,8 +127,10 @@ class Runner:
             run_tasks=self.run_tasks, trainer=self.tcfg, transformations=self.runtime.transformations,
             local_epochs=self.ccfg.local_epochs, distill_epochs=self.ccfg.distill_epochs, log=self._algorithm_log))
 
+    @functools.cached_property
     def _server_model_bytes(self) -> int:
-        """float32 bytes of the largest server-side model (a teacher), 0 for an algorithm without one."""
+        """float32 bytes of the largest server-side model (a teacher), 0 for an algorithm without one; built once
+        (sizing the workers and the /dev/shm check both read it)."""
         names = set(self.algorithm.server_backbones().values())
         if not names:
             return 0
@@ -143,7 +145,7 @@ class Runner:
             return
         sample_bytes = self.server.in_chans * math.prod(self.server.image_shape)
         line = self.executor.size_workers(
-            parameters=max([c.parameters for c in infos] + [self._server_model_bytes() // 4]),
+            parameters=max([c.parameters for c in infos] + [self._server_model_bytes // 4]),
             # a worker may come to hold a GPU copy of every client's training data and of U (keep_resident)
             data_bytes=sum(c.train_size for c in infos) * sample_bytes + self.public.numel(), tasks=len(infos))
         if line:
@@ -154,7 +156,7 @@ class Runner:
     def _check_shared_memory(self, infos: list) -> None:
         """Before round 0: what a parallel run may move into shared memory (:func:`shared_memory_needed`) must fit
         in /dev/shm (:func:`check_shared_memory`)."""
-        server = self._server_model_bytes()
+        server = self._server_model_bytes
         workers = len(self.executor.slots)
         check_shared_memory(shared_memory_needed(
             samples=sum(c.train_size + c.test_size + c.validation_size for c in infos),

@@ -95,7 +95,8 @@ _DEVICE_COPIES: dict[tuple[str, str], tuple[weakref.ref, torch.Tensor]] = {}
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    name = getattr(t, "_cosmos_resident", None)  # cosmos_pl.federated.transfer.RESIDENT_ATTR
+    # cosmos_pl.federated.transfer.RESIDENT_ATTR: spelt out here, training/ imports nothing of the round loop
+    name = getattr(t, "_cosmos_resident", None)
     if name is None:
         return t.to(device)
     kept = _DEVICE_COPIES.get((name, str(device)))
@@ -473,14 +474,17 @@ def evaluate_models(models: dict[str, nn.Module], x: torch.Tensor, y: torch.Tens
     Raises:
         DivergenceError: a model's logit is non-finite; the message names ``where`` and the model's name.
     """
+    shifted = models.get("teacher") is not None and class_counts is not None and public is not None and len(public)
     out = {name: evaluate(model, x, y, num_classes, trainer, f"{where}, {name} model")
-           for name, model in models.items()}
-    teacher = models.get("teacher")
-    if teacher is not None and class_counts is not None and public is not None and len(public):
+           for name, model in models.items() if not (shifted and name == "teacher")}
+    if shifted:  # the teacher's logits on x once, for both of its scores
         from cosmos_pl.losses import adjust_to_prior
 
+        teacher = models["teacher"]
+        logits = torch.cat([b for _, b in _batched_logits(teacher, x, trainer, f"{where}, teacher model")]) \
+            if len(y) else torch.empty(0, num_classes)
+        out["teacher"] = _accuracy(logits.cpu(), y, num_classes)
         carried = predict_probs(teacher, public, trainer, f"{where}, teacher on U").mean(dim=0)
-        probs = predict_probs(teacher, x, trainer, f"{where}, teacher model") if len(y) else torch.empty(0)
-        adjusted = adjust_to_prior(probs, class_counts, carried) if len(y) else probs
+        adjusted = adjust_to_prior(logits.cpu().softmax(dim=1), class_counts, carried) if len(y) else logits
         out["teacher_prior"] = _accuracy(adjusted, y, num_classes)
-    return out
+    return {name: out[name] for name in [*models, "teacher_prior"] if name in out}
