@@ -102,7 +102,7 @@ def build_compare_parser() -> ArgumentParser:
     p = build_fit_parser()
     p.description = "Run every (algorithm, seed) pair on the same partition per seed and write the comparison."
     p.add_argument("--algorithms", type=Optional[str], default=None,
-                   help="Comma-separated short names (cosmos, local, fedmd, fedct, comet, fedavg); "
+                   help="Comma-separated short names (cosmos, local, fedmd, fedct, comet, fedavg, ditto, fedbabu); "
                         "overrides comparison.algorithms.")
     p.add_argument("--seeds", type=Optional[str], default=None, help="Comma-separated seeds; overrides comparison.seeds.")
     p.add_argument("--jobs", type=Optional[int], default=None, help="Pairs run side by side; overrides comparison.jobs.")

@@ -129,7 +129,8 @@ class CompareConfig:
     """What `cosmos-pl compare` runs (the `comparison` group; `cosmos-pl fit` ignores it).
 
     Args:
-        algorithms: short names of the algorithms to compare: cosmos, local, fedmd, fedct, comet, fedavg.
+        algorithms: short names of the algorithms to compare: cosmos, local, fedmd, fedct, comet, fedavg, ditto,
+            fedbabu.
         seeds: seeds; every algorithm runs once per seed, on the same partition for the same seed.
         settings: init_args per algorithm name (e.g. {comet: {num_clusters: 5}}); for cosmos the `algorithm` group is used when it is COSMOS and no entry is given here.
         jobs: pairs run side by side, the CPU cores split between them (1: one after another).

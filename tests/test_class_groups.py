@@ -87,7 +87,8 @@ def test_an_unknown_algorithm_name_suggests_the_closest(repo_root, capsys):
     assert main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--algorithm", "fedmdd"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("cosmos-pl: error: algorithm='fedmdd': unknown algorithm; did you mean 'fedmd'? valid names are "
-                   "cosmos (COSMOS), local (LocalOnly), fedmd (FedMD), fedct (FedCT), comet (COMET), fedavg (FedAvg)")
+                   "cosmos (COSMOS), local (LocalOnly), fedmd (FedMD), fedct (FedCT), comet (COMET), fedavg (FedAvg), "
+                   "ditto (Ditto), fedbabu (FedBABU)")
 
 
 def test_argv_without_a_class_choice_is_left_as_it_is(parser):

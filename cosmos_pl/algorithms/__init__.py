@@ -8,6 +8,8 @@
 | fedct | :class:`FedCT` | client f_i |
 | comet | :class:`COMET` | client f_i |
 | fedavg | :class:`FedAvg` | client f_i (the global model) |
+| ditto | :class:`Ditto` | client f_i (its personal model v_i) |
+| fedbabu | :class:`FedBABU` | client f_i (the global model fine-tuned on D_i) |
 """
 
 from __future__ import annotations
@@ -17,16 +19,19 @@ import difflib
 from cosmos_pl.algorithms.base import Algorithm, FederationContext, ServerResult
 from cosmos_pl.algorithms.comet import COMET
 from cosmos_pl.algorithms.cosmos import COSMOS
+from cosmos_pl.algorithms.ditto import Ditto
 from cosmos_pl.algorithms.fedavg import FedAvg
+from cosmos_pl.algorithms.fedbabu import FedBABU
 from cosmos_pl.algorithms.fedct import FedCT
 from cosmos_pl.algorithms.fedmd import FedMD
 from cosmos_pl.algorithms.local import LocalOnly
 from cosmos_pl.errors import ConfigError
 
 __all__ = ["Algorithm", "FederationContext", "ServerResult", "COSMOS", "LocalOnly", "FedMD", "FedCT", "COMET",
-           "FedAvg", "ALGORITHMS", "algorithm_class"]
+           "FedAvg", "Ditto", "FedBABU", "ALGORITHMS", "algorithm_class"]
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (COSMOS, LocalOnly, FedMD, FedCT, COMET, FedAvg)}
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (COSMOS, LocalOnly, FedMD, FedCT, COMET, FedAvg, Ditto,
+                                                                      FedBABU)}
 
 
 def algorithm_class(name: str, key: str = "algorithm") -> type[Algorithm]:

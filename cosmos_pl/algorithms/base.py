@@ -111,6 +111,12 @@ class Algorithm:
             ConfigError: they cannot run this algorithm (naming the setting and the fix).
         """
 
+    def client_model(self, model: nn.Module) -> nn.Module:
+        """The model a client holds, built from its backbone ``model`` (default: the backbone itself; Ditto and
+        FedBABU: a :class:`~cosmos_pl.models.personal.PersonalAndGlobal`). Called wherever a client's model is built:
+        the in-process clients, a Flower node, the server's reference for uploaded weights."""
+        return model
+
     def server_backbones(self) -> dict[str, str]:
         """The architectures the server builds, by dotted setting key (COSMOS:
         ``{"algorithm.init_args.teacher_backbone": name}``); the runner tries each on the data before round 0."""

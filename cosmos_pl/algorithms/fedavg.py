@@ -22,7 +22,19 @@ from cosmos_pl.algorithms.base import Algorithm, LoadWeights, LocalFit, ServerRe
 from cosmos_pl.communication import state_dict_bytes
 from cosmos_pl.errors import ConfigError
 
-__all__ = ["FedAvg", "weighted_average"]
+__all__ = ["FedAvg", "weighted_average", "require_one_backbone"]
+
+
+def require_one_backbone(algorithm: str, backbones: list[str]) -> None:
+    """Parameter averaging needs one architecture.
+
+    Raises:
+        ConfigError: ``backbones`` (the clients' names) holds more than one name.
+    """
+    names = sorted(set(backbones))
+    if len(names) > 1:
+        raise ConfigError(f"algorithm {algorithm} averages parameters, so every client needs the same backbone, but "
+                          f"clients.backbones gives {names}: give one name (e.g. clients.backbones: [{names[0]}])")
 
 
 def weighted_average(states: dict[int, dict[str, torch.Tensor]], sizes: dict[int, int]) -> dict[str, torch.Tensor]:
@@ -50,10 +62,7 @@ class FedAvg(Algorithm):
     uses_public = False
 
     def validate(self, backbones: list[str]) -> None:
-        names = sorted(set(backbones))
-        if len(names) > 1:
-            raise ConfigError(f"algorithm FedAvg averages parameters, so every client needs the same backbone, but "
-                             f"clients.backbones gives {names}: give one name (e.g. clients.backbones: [{names[0]}])")
+        require_one_backbone("FedAvg", backbones)
 
     def plan(self, rnd: int) -> list[Step]:
         return [LocalFit(self.ctx.local_epochs), Upload("weights"), LoadWeights()]

@@ -30,6 +30,7 @@ from cosmos_pl.federated.executor import TaskFailure
 from cosmos_pl.files import atomic_save
 from cosmos_pl.models import count_parameters
 from cosmos_pl.training.client import Client
+from cosmos_pl.models.personal import shared_weights
 from cosmos_pl.training.steps import ClientRuntime, ClientStep, LocalFit, Task, encode_upload
 
 __all__ = ["InProcessClients"]
@@ -73,8 +74,9 @@ class InProcessClients(Clients):
         names, algorithm = runner.ccfg.backbones, runner.algorithm
         backbones = [names[i % len(names)] for i in range(federation.num_clients)]
         algorithm.validate(backbones)
-        models = [runner.make_backbone(name, stage_seed(runner.seed, 0, "init", 0 if algorithm.shared_init else i))
-                  for i, name in enumerate(backbones)]
+        models = [algorithm.client_model(runner.make_backbone(
+            name, stage_seed(runner.seed, 0, "init", 0 if algorithm.shared_init else i)))
+            for i, name in enumerate(backbones)]
         # a client's data is the same all run: each worker is sent it once and keeps it (and one GPU copy)
         for i, data in enumerate(federation.clients):
             for split, tensor in (("x", data.x), ("y", data.y), ("x_test", data.x_test), ("y_test", data.y_test),
@@ -114,8 +116,7 @@ class InProcessClients(Clients):
 
     def upload(self, rnd: int, kind: str, ids: list[int]) -> dict[int, Any]:
         if kind == "weights":
-            return {i: {k: v.detach().clone() for k, v in self.clients[i].model.state_dict().items()
-                        if v.is_floating_point()} for i in ids}
+            return {i: shared_weights(self.clients[i].model) for i in ids}
         tasks = [self._with_fault(rnd, "pseudo-labels", i, self.runtime.predict(self.clients[i], rnd)) for i in ids]
         costs = [count_parameters(self.clients[i].model) * len(self.runtime.public) for i in ids]
         out: dict[int, Any] = {}
@@ -160,7 +161,9 @@ class InProcessClients(Clients):
         self.cached_losses: Optional[dict[str, float]] = None
         if cache is None:
             return self._train(0, LocalFit(epochs), ids, {}) if epochs > 0 else {}
-        digest = hashlib.sha256(f"{key}|threads={self.threads}|shared_init={self.shared_init}"
+        first = self.clients[0].model  # a client holding two models (Ditto, FedBABU) has a round 0 of its own
+        kind = "" if not hasattr(first, "share_head") else f"|{type(first).__name__}(share_head={first.share_head})"
+        digest = hashlib.sha256(f"{key}|threads={self.threads}|shared_init={self.shared_init}{kind}"
                                 .encode()).hexdigest()[:16]
         cache.mkdir(parents=True, exist_ok=True)
         self._round0 = cache / f"round0-{digest}.pt"

@@ -42,6 +42,7 @@ from cosmos_pl.federated.sampling import sampled_clients
 from cosmos_pl.federated.server_data import ServerData
 from cosmos_pl.federated.tasks import TaskRunner
 from cosmos_pl.models import check_backbones, create_backbone
+from cosmos_pl.models.personal import shared_weights
 from cosmos_pl.training.client import ClientConfig
 from cosmos_pl.training.config import TrainerConfig, stage_seed
 from cosmos_pl.training.steps import ClientRuntime, ClientStep
@@ -177,8 +178,8 @@ class Runner:
         """The float tensors a client's weights must match: the server's own copy of its architecture (its random
         draws kept apart from the run's)."""
         with torch.random.fork_rng():
-            model = self.make_backbone(self.clients.infos[client].backbone, 0)
-        return {k: v for k, v in model.state_dict().items() if v.is_floating_point()}
+            model = self.algorithm.client_model(self.make_backbone(self.clients.infos[client].backbone, 0))
+        return shared_weights(model)
 
     # ----------------------------------------------------------------- rounds
     def pretrain(self, cache: Optional[Path] = None, key: str = "") -> None:
@@ -213,8 +214,8 @@ class Runner:
         for step in self.algorithm.plan(rnd):
             active = [i for i in ids if i not in self.state.failed]
             served = [i for i in active if result is not None and i in result.targets]
-            if isinstance(step, LocalFit):
-                if step.epochs > 0 and active:
+            if isinstance(step, ClientStep) and not step.needs_target:  # local training, Ditto's personal step
+                if getattr(step, "epochs", 1) > 0 and active:
                     self.state.record(rnd, step.stage, self.clients.train(rnd, step, active, {}))
             elif isinstance(step, Upload):
                 hard = step.kind == "hard"

@@ -36,6 +36,7 @@ from cosmos_pl.training.config import stage_seed
 from cosmos_pl.training.steps import ClientRuntime, encode_upload, steps_from_wire
 from cosmos_pl.flower import wire
 from cosmos_pl.models import count_parameters, create_backbone
+from cosmos_pl.models.personal import shared_weights
 from cosmos_pl.uploads import public_fingerprint
 
 __all__ = ["NodeRun", "Site", "SiteDataError", "StepFailed", "load_run", "model_digest", "check_node_config", "hello",
@@ -85,7 +86,8 @@ class NodeRun:
     def initial_model(self, client_id: int) -> torch.nn.Module:
         """The client's round-0 model, the same as the in-process runner's (``Runner.make_backbone``)."""
         torch.manual_seed(stage_seed(self.init.seed, 0, "init", 0 if self.shared_init else client_id))
-        return create_backbone(self.backbone(client_id), self.num_classes, self.in_chans, max(self.image_shape))
+        return self.init.algorithm.client_model(
+            create_backbone(self.backbone(client_id), self.num_classes, self.in_chans, max(self.image_shape)))
 
 
 _DATA_FIELDS = ("x", "y", "x_test", "y_test", "x_val", "y_val")
@@ -463,14 +465,13 @@ def pseudo_labels(content: RecordDict, context: Context) -> RecordDict:
 
 
 def weights(content: RecordDict, context: Context) -> RecordDict:
-    """Run the carried training steps, then reply the float tensors of the client's model (FedAvg only: parameter
-    averaging needs them)."""
+    """Run the carried training steps, then reply the float tensors the client shares for parameter averaging
+    (FedAvg, Ditto, FedBABU: :func:`~cosmos_pl.models.personal.shared_weights`)."""
     rnd = int(content["config"]["round"])
     run, client = _client(context, rnd)
     losses = _run_steps(content, run, client, rnd)
     _keep_working(context, rnd, client.model)
-    return RecordDict({"arrays": wire.tensors_to_record(
-        {k: v for k, v in client.model.state_dict().items() if v.is_floating_point()}),
+    return RecordDict({"arrays": wire.tensors_to_record(shared_weights(client.model)),
         "losses": MetricRecord(losses)})
 
 

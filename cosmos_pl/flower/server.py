@@ -362,7 +362,7 @@ class FlowerClients(Clients):
         """Queue the step for each client: it travels with the client's next message, which replies its losses
         (or its failure, recorded then under this step's stage)."""
         for i in ids:
-            self._pending.setdefault(i, []).append((step, None if isinstance(step, LocalFit) else targets[i]))
+            self._pending.setdefault(i, []).append((step, targets[i] if step.needs_target else None))
         return {i: [] for i in ids}
 
     def pretrain(self, epochs: int, cache: Any = None, key: str = "") -> dict[int, Any]:

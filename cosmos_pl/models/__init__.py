@@ -1,4 +1,5 @@
-"""Backbones for COSMOS clients and teachers (timm + torchvision, small-input stems)."""
+"""Backbones for COSMOS clients and teachers (timm + torchvision, small-input stems); :mod:`cosmos_pl.models.personal`:
+a client holding a personal model beside its copy of the global model (Ditto, FedBABU)."""
 
 from cosmos_pl.models.backbones import (
     BACKBONE_REVISION,

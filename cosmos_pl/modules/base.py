@@ -91,7 +91,8 @@ class CosmosModule(pl.LightningModule):
         return prepare(x, t, perturb=perturb, channels_last=self.channels_last)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        optimizer = self.optimizer_factory(self.parameters())
+        # frozen parameters (FedBABU's head) stay out of the optimizer
+        optimizer = self.optimizer_factory([p for p in self.parameters() if p.requires_grad])
         group = optimizer.param_groups[0]
         self._optimizer_settings = {k: float(group[k]) for k in ("lr", "weight_decay")
                                     if isinstance(group.get(k), (int, float, torch.Tensor))}

@@ -19,7 +19,7 @@ __all__ = ["TrainerConfig", "apply_determinism", "resolve_device", "stage_seed"]
 
 # Stage ids for stage_seed; appended only, so existing seeds never change.
 _STAGES = {"init": 0, "local": 1, "teacher": 2, "distill": 3, "teacher_init": 4, "joint": 5, "union": 6,
-           "kmeans": 7}
+           "kmeans": 7, "prox": 8, "finetune": 9}
 
 
 @dataclass

@@ -26,7 +26,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from cosmos_pl import signals
 from cosmos_pl.errors import DeviceMemoryError, DivergenceError
 from cosmos_pl.training.config import TrainerConfig, apply_determinism, resolve_device, stage_seed  # re-exported
-from cosmos_pl.modules import DistillationModule, JointModule, SupervisedModule
+from cosmos_pl.modules import DistillationModule, JointModule, ProximalModule, SupervisedModule
 from cosmos_pl.modules.base import CosmosModule, OptimizerFactory
 from cosmos_pl.transforms import Transformations, prepare
 
@@ -36,6 +36,9 @@ __all__ = [
     "fit_supervised",
     "fit_distillation",
     "fit_joint",
+    "fit_proximal",
+    "fine_tune",
+    "start_global",
     "predict_probs",
     "evaluate",
     "evaluate_models",
@@ -227,11 +230,15 @@ def fit_supervised(
     seed: int,
     where: str = "training",
     optimizer_key: str = "",
+    part: str = "",
 ) -> list[dict[str, float]]:
     """Train ``model`` in place with cross-entropy on ``x`` uint8 ``[n, C, H, W]``, ``y`` int64 ``[n]``.
 
     ``where`` (e.g. ``"round 0, local training, client 3"``) and ``optimizer_key`` (e.g. ``"clients.optimizer"``)
-    name the stage and the setting in error messages. Returns one dict per epoch with the mean training ``loss``.
+    name the stage and the setting in error messages. ``part``: the dotted name of the submodule trained (``""``:
+    the whole model; ``"shared"``: a :class:`~cosmos_pl.models.personal.PersonalAndGlobal`'s copy of the global
+    model); parameters with ``requires_grad=False`` stay fixed. Returns one dict per epoch with the mean training
+    ``loss``.
 
     Raises:
         DivergenceError: a step's loss, or the weights after training, are non-finite.
@@ -239,11 +246,66 @@ def fit_supervised(
     if epochs <= 0 or len(x) == 0:
         return []
     seed_everything(seed, verbose=False)
-    module = SupervisedModule(model, optimizer, transformations, channels_last=trainer.channels_last, where=where,
+    trained = model.get_submodule(part) if part else model
+    module = SupervisedModule(trained, optimizer, transformations, channels_last=trainer.channels_last, where=where,
                               optimizer_key=optimizer_key)
-    _fit(module, model, trainer, epochs, _loader(_on_device(trainer, x, y), batch_size, shuffle=True))
+    _fit(module, trained, trainer, epochs, _loader(_on_device(trainer, x, y), batch_size, shuffle=True))
     model.cpu()
     return module.epoch_parts
+
+
+def fit_proximal(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int,
+    lam: float,
+    batch_size: int,
+    optimizer: OptimizerFactory,
+    transformations: Transformations | None,
+    trainer: TrainerConfig,
+    seed: int,
+    where: str = "training",
+    optimizer_key: str = "",
+) -> list[dict[str, float]]:
+    """Ditto's personal update (Li et al., 2021, Algorithm 1): train ``model.personal`` (v_i) in place on
+    ``x`` uint8 ``[n, C, H, W]``, ``y`` int64 ``[n]`` with cross-entropy plus ``lam / 2 * ||v_i - w||^2``, w being
+    ``model.shared`` (the client's copy of the global model) as the stage starts, held fixed
+    (:class:`~cosmos_pl.modules.ProximalModule`). ``model`` is a
+    :class:`~cosmos_pl.models.personal.PersonalAndGlobal`. Returns one dict per epoch (``loss``, ``ce``, ``prox``).
+
+    Raises:
+        DivergenceError: a step's loss, or the weights after training, are non-finite.
+    """
+    if epochs <= 0 or len(x) == 0:
+        return []
+    seed_everything(seed, verbose=False)
+    anchor = [p.detach() for p in model.shared.parameters()]
+    module = ProximalModule(model.personal, anchor, lam, optimizer, transformations,
+                            channels_last=trainer.channels_last, where=where, optimizer_key=optimizer_key)
+    _fit(module, model.personal, trainer, epochs, _loader(_on_device(trainer, x, y), batch_size, shuffle=True))
+    model.cpu()
+    return module.epoch_parts
+
+
+def fine_tune(model: nn.Module, x: torch.Tensor, y: torch.Tensor, **kwargs: Any) -> list[dict[str, float]]:
+    """FedBABU's personalization (Oh et al., 2022, Section 3): ``model.personal`` becomes a copy of
+    ``model.shared`` (the global body with its fixed head), then the whole of it is trained with cross-entropy
+    (:func:`fit_supervised`'s arguments, ``part`` aside). ``model`` is a
+    :class:`~cosmos_pl.models.personal.PersonalAndGlobal`. Returns one dict per epoch."""
+    model.personal.load_state_dict(model.shared.state_dict())
+    return fit_supervised(model, x, y, part="personal", **kwargs)
+
+
+def start_global(model: nn.Module, with_head: bool) -> list[dict[str, float]]:
+    """The global model's first local copy is the client's round-0 model: ``model.shared`` takes
+    ``model.personal``'s weights (all of them, or the body alone when ``with_head`` is False: FedBABU's head stays at
+    its shared initialization). ``model`` is a :class:`~cosmos_pl.models.personal.PersonalAndGlobal`; no training,
+    so no losses."""
+    state = {k: v for k, v in model.personal.state_dict().items() if with_head or not model.is_head(k)}
+    model.shared.load_state_dict(state, strict=False)
+    return []
 
 
 def fit_distillation(

@@ -29,7 +29,8 @@ from cosmos_pl.training.client import Client, ClientConfig
 from cosmos_pl.training.config import TrainerConfig, stage_seed
 from cosmos_pl.transforms import Transformations
 
-__all__ = ["ClientStep", "LocalFit", "Upload", "Distill", "JointFit", "UnionFit", "LoadWeights", "Step",
+__all__ = ["ClientStep", "LocalFit", "Upload", "Distill", "JointFit", "UnionFit", "LoadWeights", "ProxFit", "FineTune",
+           "StartGlobal", "Step",
            "CLIENT_STEPS", "stage_of", "steps_to_wire", "steps_from_wire", "ClientRuntime", "encode_upload", "Task"]
 
 Task = tuple[Any, dict[str, Any]]
@@ -52,8 +53,9 @@ class _Stage:
         return f"cosmos_pl.training.stages.{self.name}"
 
 
-fit_supervised, fit_distillation, fit_joint, predict_probs, evaluate_models = (
-    _Stage(name) for name in ("fit_supervised", "fit_distillation", "fit_joint", "predict_probs", "evaluate_models"))
+fit_supervised, fit_distillation, fit_joint, fit_proximal, fine_tune, start_global, predict_probs, evaluate_models = (
+    _Stage(name) for name in ("fit_supervised", "fit_distillation", "fit_joint", "fit_proximal", "fine_tune",
+                              "start_global", "predict_probs", "evaluate_models"))
 
 CLIENT_STEPS: dict[str, type["ClientStep"]] = {}  # class name -> class: what a node can decode
 
@@ -63,10 +65,13 @@ class ClientStep:
     """A training objective run on a client's own model (a frozen dataclass in each subclass).
 
     Subclasses set ``stage`` and implement :meth:`task`; :meth:`to_wire` sends the fields and the target as float32
-    ``[n, M]``, which a subclass may encode more compactly.
+    ``[n, M]``, which a subclass may encode more compactly. ``needs_target``: the step trains on what the server
+    sent this round, so it comes after the round's :class:`Upload` and runs for the clients that got a target; a
+    step without one (local training, Ditto's personal step) runs for every client taking part, wherever it is.
     """
 
     stage: ClassVar[str] = ""
+    needs_target: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -96,16 +101,69 @@ class ClientStep:
 
 @dataclass(frozen=True)
 class LocalFit(ClientStep):
-    """Cross-entropy on the client's own labelled data D_i for ``epochs`` epochs (``clients.optimizer``)."""
+    """Cross-entropy on the client's own labelled data D_i for ``epochs`` epochs (``clients.optimizer``).
+
+    ``part``: the submodule trained, ``""`` the whole model, ``"shared"`` the client's copy of the global model in a
+    :class:`~cosmos_pl.models.personal.PersonalAndGlobal` (Ditto's and FedBABU's global update).
+    """
 
     epochs: int
+    part: str = ""
     stage: ClassVar[str] = "local training"
+    needs_target: ClassVar[bool] = False
 
     def task(self, rt: "ClientRuntime", client: Client, rnd: int, target: Optional[torch.Tensor]) -> Task:
+        extra = {"part": self.part} if self.part else {}
         return fit_supervised, dict(self._common(rt, client, rnd), x=client.data.x, y=client.data.y,
                                     epochs=self.epochs, optimizer=rt.clients.optimizer,
                                     seed=stage_seed(rt.seed, rnd, "local", client.id),
-                                    optimizer_key="clients.optimizer")
+                                    optimizer_key="clients.optimizer", **extra)
+
+
+@dataclass(frozen=True)
+class ProxFit(ClientStep):
+    """Ditto's personal update: cross-entropy on D_i plus ``lam / 2 * ||v_i - w||^2`` for ``epochs`` epochs
+    (``clients.optimizer``), v_i the client's personal model and w its copy of the global model as it holds it
+    (:func:`~cosmos_pl.training.stages.fit_proximal`). No target: w is already on the client."""
+
+    epochs: int
+    lam: float
+    stage: ClassVar[str] = "personal training"
+    needs_target: ClassVar[bool] = False
+
+    def task(self, rt: "ClientRuntime", client: Client, rnd: int, target: Optional[torch.Tensor]) -> Task:
+        return fit_proximal, dict(self._common(rt, client, rnd), x=client.data.x, y=client.data.y,
+                                  epochs=self.epochs, lam=self.lam, optimizer=rt.clients.optimizer,
+                                  seed=stage_seed(rt.seed, rnd, "prox", client.id), optimizer_key="clients.optimizer")
+
+
+@dataclass(frozen=True)
+class FineTune(ClientStep):
+    """FedBABU's personalization: the personal model becomes the global one the client holds, then the whole of it
+    trains with cross-entropy on D_i for ``epochs`` epochs (``clients.optimizer``;
+    :func:`~cosmos_pl.training.stages.fine_tune`). No target."""
+
+    epochs: int
+    stage: ClassVar[str] = "fine-tuning"
+    needs_target: ClassVar[bool] = False
+
+    def task(self, rt: "ClientRuntime", client: Client, rnd: int, target: Optional[torch.Tensor]) -> Task:
+        return fine_tune, dict(self._common(rt, client, rnd), x=client.data.x, y=client.data.y, epochs=self.epochs,
+                               optimizer=rt.clients.optimizer, seed=stage_seed(rt.seed, rnd, "finetune", client.id),
+                               optimizer_key="clients.optimizer")
+
+
+@dataclass(frozen=True)
+class StartGlobal(ClientStep):
+    """The client's copy of the global model takes its round-0 model's weights (the body alone when ``with_head``
+    is False), so the first average starts where FedAvg's does (:func:`~cosmos_pl.training.stages.start_global`)."""
+
+    with_head: bool = True
+    stage: ClassVar[str] = "global start"
+    needs_target: ClassVar[bool] = False
+
+    def task(self, rt: "ClientRuntime", client: Client, rnd: int, target: Optional[torch.Tensor]) -> Task:
+        return start_global, dict(model=client.model, with_head=self.with_head)
 
 
 @dataclass(frozen=True)
@@ -190,7 +248,9 @@ class Upload:
 
     ``kind``: ``"soft"`` pseudo-labels on U ``[n, M]`` (encoded per ``communication``), ``"hard"`` class indices
     on U ``[n]`` (1 byte each for M <= 256, else 2; the server sees them as one-hot rows), or ``"weights"``
-    (the float tensors of the model's state dict, FedAvg only).
+    (the float tensors of the model's state dict; of a :class:`~cosmos_pl.models.personal.PersonalAndGlobal`, its
+    copy of the global model, without the head when it is not shared:
+    :func:`~cosmos_pl.models.personal.shared_weights`).
     """
 
     kind: Literal["soft", "hard", "weights"] = "soft"
@@ -198,10 +258,11 @@ class Upload:
 
 @dataclass(frozen=True)
 class LoadWeights:
-    """Replace the client's weights by the server's (FedAvg); the target is a state dict."""
+    """Load the server's averaged weights into the client's model (FedAvg; into the copy of the global model for
+    Ditto and FedBABU); the target is a state dict, keyed as :func:`~cosmos_pl.models.personal.shared_weights`."""
 
 
-Step = Union[LocalFit, Upload, Distill, JointFit, UnionFit, LoadWeights]
+Step = Union[LocalFit, Upload, Distill, JointFit, UnionFit, LoadWeights, ProxFit, FineTune, StartGlobal]
 
 
 def stage_of(step: ClientStep) -> str:
