@@ -83,3 +83,21 @@ def test_a_top_level_setting_is_a_config_key_not_an_algorithms():
     cfg = Namespace(rounds=3, clients_per_round=None)
     assert algorithm_setting("rounds", cfg) is None and algorithm_setting("clients_per_round", cfg) is None
     assert algorithm_setting("b0", cfg) == "b0"
+
+
+def test_an_algorithm_that_does_not_take_a_swept_setting_gets_one_line_in_the_figure():
+    from cosmos_pl.compare.grid import grid_lines
+    from cosmos_pl.compare.report import AlgorithmRow
+
+    def row(name, mean):
+        return AlgorithmRow(name, "client", [0, 1], {"mean": mean, "sem": 0.01}, {"mean": mean, "sem": 0.01},
+                            {"mean": 0.5, "sem": 0.0}, [])
+
+    alpha = "data.partitioner.init_args.alpha"
+    # COMET takes `mode`, COSMOS does not: COSMOS's run is the same at both modes
+    tables = [({alpha: a, "mode": m}, [row("cosmos", 0.8 + a / 1000), row("comet", 0.7 + a / 1000 + (m == "joint"))],
+               []) for a in (1, 5) for m in ("joint", "sequential")]
+    lines = grid_lines(tables, alpha, [1, 5], {"mode": ["cosmos"]})
+    assert sorted(lines) == ["comet (mode=joint)", "comet (mode=sequential)", "cosmos"]
+    assert lines["cosmos"] == [(1.0, 0.801, 0.01), (5.0, 0.805, 0.01)]
+    assert lines["comet (mode=joint)"] == [(1.0, 1.701, 0.01), (5.0, 1.705, 0.01)]

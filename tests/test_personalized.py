@@ -14,9 +14,10 @@ from torch import nn
 from cosmos_pl.algorithms import ALGORITHMS, Ditto, FedBABU, algorithm_class
 from cosmos_pl.algorithms.fedavg import weighted_average
 from cosmos_pl.errors import ConfigError
-from cosmos_pl.models.personal import PersonalAndGlobal, head_name, shared_weights
+from cosmos_pl.models.personal import PersonalAndGlobal, head_name, load_shared_weights, shared_weights
 from cosmos_pl.training.config import TrainerConfig
 from cosmos_pl.training.stages import fine_tune, fit_proximal, fit_supervised, start_global
+from cosmos_pl.training.steps import FineTune, LocalFit, ProxFit, StartGlobal
 from cosmos_pl.transforms import prepare
 
 
@@ -124,8 +125,23 @@ def test_start_global_copies_the_round0_model_without_the_head_for_fedbabu():
     start_global(pair, with_head=False)
     assert torch.equal(pair.shared[0].weight, pair.personal[0].weight)
     assert torch.equal(pair.shared[2].weight, head)
-    start_global(pair, with_head=True)
-    assert torch.equal(pair.shared[2].weight, pair.personal[2].weight)
+    assert int(pair.global_started) == 1
+    with torch.no_grad():
+        pair.personal[0].weight.add_(1.0)
+    start_global(pair, with_head=False)  # it holds a global model now: a later round leaves it
+    assert not torch.equal(pair.shared[0].weight, pair.personal[0].weight)
+    # a client that first receives the server's average (not sampled, or failed, in its first round) keeps it
+    fresh = PersonalAndGlobal(nn.Sequential(nn.Conv2d(1, 2, 1), nn.Flatten(), nn.Linear(8, 3)))
+    average = {k: torch.full_like(v, 0.25) for k, v in shared_weights(fresh).items()}
+    load_shared_weights(fresh, average)
+    start_global(fresh, with_head=True)
+    assert torch.equal(fresh.shared[2].weight, torch.full((3, 8), 0.25))
+    with pytest.raises(RuntimeError, match="keyed shared"):
+        fresh.load_global({"personal.0.weight": torch.zeros(2, 1, 1, 1)})
+
+
+def test_a_fine_tune_of_zero_epochs_still_runs_and_zero_epoch_training_is_skipped():
+    assert not FineTune(0).idle() and LocalFit(0).idle() and ProxFit(0, 0.1).idle() and not StartGlobal().idle()
 
 
 def test_ditto_and_fedbabu_are_homogeneous_and_their_settings_are_checked():

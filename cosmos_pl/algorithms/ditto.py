@@ -7,8 +7,8 @@ ICML 2021, Eq. 2 and Algorithm 1. Each client holds its personal model v_i and a
    w^t being the global model it holds (:class:`~cosmos_pl.training.steps.ProxFit`);
 2. trains its copy of w^t with cross-entropy for ``clients.local_epochs`` epochs and sends it;
 3. loads w^{t+1}, the server's sample-weighted average of the copies sent (FedAvg's rule).
-Both updates start from w^t, as in Algorithm 1. The first round starts the copy of the global model from the
-client's round-0 model (every algorithm's round 0 is E0 local epochs from a shared initialization here), so
+Both updates start from w^t, as in Algorithm 1. A client's first round starts its copy of the global model from
+its round-0 model (every algorithm's round 0 is E0 local epochs from a shared initialization here), so
 Ditto's global model follows FedAvg's exactly.
 
 Scored model: the personal model v_i. Bytes: the global model's float tensors, up and down.
@@ -57,9 +57,8 @@ class Ditto(Algorithm):
 
     def plan(self, rnd: int) -> list[Step]:
         personal = self.ctx.local_epochs if self.personal_epochs is None else self.personal_epochs
-        start = [StartGlobal()] if rnd == 1 else []
-        return start + [ProxFit(personal, self.lambda_), LocalFit(self.ctx.local_epochs, part="shared"),
-                        Upload("weights"), LoadWeights()]
+        return [StartGlobal(), ProxFit(personal, self.lambda_), LocalFit(self.ctx.local_epochs, part="shared"),
+                Upload("weights"), LoadWeights()]
 
     def server_step(self, rnd: int, uploads: dict[int, Any]) -> ServerResult:
         average = weighted_average(uploads, dict(enumerate(self.ctx.client_sizes)))

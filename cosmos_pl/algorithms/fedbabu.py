@@ -13,6 +13,9 @@ epochs, upload the body, load the averaged body, fine-tune. The first round star
 client's round-0 model (every algorithm's round 0 is E0 local epochs from a shared initialization here); its head
 stays at the shared initialization.
 
+With ``clients_per_round``, a client not sampled loads the new body but is not fine-tuned that round (it
+trains nothing): it is scored by its last fine-tuned model.
+
 Scored model: the fine-tuned personal model. Bytes: the body's float tensors, up and down.
 """
 
@@ -54,9 +57,8 @@ class FedBABU(Algorithm):
         return PersonalAndGlobal(model, share_head=False)
 
     def plan(self, rnd: int) -> list[Step]:
-        start = [StartGlobal(with_head=False)] if rnd == 1 else []
-        return start + [LocalFit(self.ctx.local_epochs, part="shared"), Upload("weights"), LoadWeights(),
-                        FineTune(self.finetune_epochs)]
+        return [StartGlobal(with_head=False), LocalFit(self.ctx.local_epochs, part="shared"), Upload("weights"),
+                LoadWeights(), FineTune(self.finetune_epochs)]
 
     def server_step(self, rnd: int, uploads: dict[int, Any]) -> ServerResult:
         average = weighted_average(uploads, dict(enumerate(self.ctx.client_sizes)))

@@ -32,7 +32,7 @@ from cosmos_pl.compare.report import AlgorithmRow, comparison_markdown, summariz
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.files import atomic_write_text
 
-__all__ = ["parse_grid", "grid_points", "plan_grid", "run_grid", "GridPlan"]
+__all__ = ["parse_grid", "grid_points", "plan_grid", "run_grid", "GridPlan", "grid_lines"]
 
 ALGORITHM_PREFIXES = ("algorithm.init_args.", "algorithm.")
 
@@ -201,7 +201,8 @@ def run_grid(cfg: Namespace, plan: GridPlan, out: Path, algorithms: list[str], s
         tables.append((point, summarize(got, metric=cfg.headline_metric), _notes(point, plan.skipped)))
     atomic_write_text(out / "grid.md", grid_markdown(tables, config_name, cfg.headline_metric))
     for key, values in plan.grid:
-        plot_grid(tables, key, values, out / f"grid_{_short(key)}.png", config_name, cfg.headline_metric)
+        plot_grid(tables, key, values, out / f"grid_{_short(key)}.png", config_name, cfg.headline_metric,
+                  plan.skipped)
     console.print(f"grid report: {out / 'grid.md'}, " +
                   ", ".join(str(out / f"grid_{_short(k)}.png") for k, _ in plan.grid))
     return results
@@ -227,31 +228,45 @@ def grid_markdown(tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[st
     return "\n".join(parts)
 
 
-def plot_grid(tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]], key: str, values: list[Any],
-              path: Path, title: str, metric: str) -> None:
-    """``grid_<name>.png``: final mean personalized accuracy (mean ± SEM over seeds) against ``key``'s values, a
-    line per algorithm and per value of the other swept settings; numeric values on a numeric axis (log when they
-    span a factor of 20 or more), others evenly spaced."""
+def grid_lines(tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]], key: str, values: list[Any],
+               skipped: Optional[dict[str, list[str]]] = None) -> dict[str, list[tuple[float, float, float]]]:
+    """The lines of ``grid_<key>.png``: ``{label: [(x, final mean, final SEM), ...]}`` sorted by x, a line per
+    algorithm and per value of the other swept settings it takes (``skipped``: setting -> the algorithms that do
+    not take it; such an algorithm, run once for every value, gets one line, not one per value)."""
     import math
 
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    x_of = {repr(v): (float(v) if numeric else j) for j, v in enumerate(values)}
+    skipped = skipped or {}
+    lines: dict[str, list[tuple[float, float, float]]] = {}
+    for point, rows, _ in tables:
+        for row in rows:
+            if not row.seeds or math.isnan(row.final["mean"]):
+                continue
+            others = ", ".join(f"{_short(k)}={v}" for k, v in point.items()
+                               if k != key and row.algorithm not in skipped.get(algorithm_setting(k) or "", []))
+            label = row.algorithm + (f" ({others})" if others else "")
+            x = x_of[repr(point[key])]
+            pts = lines.setdefault(label, [])
+            if all(p[0] != x for p in pts):  # the same run seen at another value of a setting it does not take
+                pts.append((x, row.final["mean"], row.final["sem"]))
+    return {label: sorted(pts) for label, pts in lines.items()}
+
+
+def plot_grid(tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]], key: str, values: list[Any],
+              path: Path, title: str, metric: str, skipped: Optional[dict[str, list[str]]] = None) -> None:
+    """``grid_<name>.png``: final mean personalized accuracy (mean ± SEM over seeds) against ``key``'s values, the
+    lines of :func:`grid_lines`; numeric values on a numeric axis (log when they span a factor of 20 or more),
+    others evenly spaced."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-    x_of = {repr(v): (float(v) if numeric else j) for j, v in enumerate(values)}
-    lines: dict[str, list[tuple[float, float, float]]] = {}
-    for point, rows, _ in tables:
-        others = ", ".join(f"{_short(k)}={v}" for k, v in point.items() if k != key)
-        for row in rows:
-            if not row.seeds or math.isnan(row.final["mean"]):
-                continue
-            label = row.algorithm + (f" ({others})" if others else "")
-            lines.setdefault(label, []).append((x_of[repr(point[key])], row.final["mean"], row.final["sem"]))
+    lines = grid_lines(tables, key, values, skipped)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for label, pts in lines.items():
-        pts.sort()
         ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
                     label=label)
     if numeric and min(values) > 0 and max(values) / min(values) >= 20:

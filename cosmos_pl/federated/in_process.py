@@ -30,7 +30,7 @@ from cosmos_pl.federated.executor import TaskFailure
 from cosmos_pl.files import atomic_save
 from cosmos_pl.models import count_parameters
 from cosmos_pl.training.client import Client
-from cosmos_pl.models.personal import shared_weights
+from cosmos_pl.models.personal import load_shared_weights, personal_model, shared_weights
 from cosmos_pl.training.steps import ClientRuntime, ClientStep, LocalFit, Task, encode_upload
 
 __all__ = ["InProcessClients"]
@@ -60,7 +60,8 @@ class InProcessClients(Clients):
         self.clients = [Client(i, name, model, data)
                         for i, (name, model, data) in enumerate(zip(backbones, models, federation.clients))]
         self.infos = [ClientInfo(c.id, c.backbone, len(c.data.y), len(c.data.y_test),
-                                 0 if c.data.y_val is None else len(c.data.y_val), count_parameters(c.model))
+                                 0 if c.data.y_val is None else len(c.data.y_val),
+                                 count_parameters(personal_model(c.model)))
                       for c in self.clients]
         self.faults = faults.load()  # test-only fault injection (empty unless COSMOS_PL_TEST_FAULTS is set)
         self._start: dict[int, nn.Module] = {}
@@ -133,7 +134,7 @@ class InProcessClients(Clients):
     def load_weights(self, rnd: int, states: dict[int, dict[str, Any]]) -> dict[int, Any]:
         for i, state in states.items():  # into a copy: the round-start model stays intact for a failure
             model = copy.deepcopy(self.clients[i].model)
-            model.load_state_dict(state, strict=False)
+            load_shared_weights(model, state)
             self.clients[i].model = model
         return {i: None for i in states}
 

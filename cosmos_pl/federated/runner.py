@@ -215,7 +215,7 @@ class Runner:
             active = [i for i in ids if i not in self.state.failed]
             served = [i for i in active if result is not None and i in result.targets]
             if isinstance(step, ClientStep) and not step.needs_target:  # local training, Ditto's personal step
-                if getattr(step, "epochs", 1) > 0 and active:
+                if not step.idle() and active:
                     self.state.record(rnd, step.stage, self.clients.train(rnd, step, active, {}))
             elif isinstance(step, Upload):
                 hard = step.kind == "hard"

@@ -36,7 +36,7 @@ from cosmos_pl.training.config import stage_seed
 from cosmos_pl.training.steps import ClientRuntime, encode_upload, steps_from_wire
 from cosmos_pl.flower import wire
 from cosmos_pl.models import count_parameters, create_backbone
-from cosmos_pl.models.personal import shared_weights
+from cosmos_pl.models.personal import load_shared_weights, personal_model, shared_weights
 from cosmos_pl.uploads import public_fingerprint
 
 __all__ = ["NodeRun", "Site", "SiteDataError", "StepFailed", "load_run", "model_digest", "check_node_config", "hello",
@@ -172,7 +172,7 @@ def load_run(config_yaml: str, client_id: int, cache: Optional[Path] = None, sit
                   public_fingerprint(public_x) if site is None else site.fingerprint, bool(init.algorithm.shared_init))
     if "initial_state" not in blob:  # the round-0 model's weights, so that a joining node need not build it
         model = run.initial_model(client_id)
-        blob["initial_state"], blob["parameters"] = model.state_dict(), count_parameters(model)
+        blob["initial_state"], blob["parameters"] = model.state_dict(), count_parameters(personal_model(model))
         if path is not None:
             atomic_save(blob, path)
     run.initial_state, run.parameters = blob["initial_state"], int(blob["parameters"])
@@ -481,7 +481,7 @@ def load_weights(content: RecordDict, context: Context) -> RecordDict:
     rnd = int(content["config"]["round"])
     run, client = _client(context, rnd)
     losses = _run_steps(content, run, client, rnd)
-    client.model.load_state_dict(wire.record_to_tensors(content["weights"]), strict=False)
+    load_shared_weights(client.model, wire.record_to_tensors(content["weights"]))
     _keep_working(context, rnd, client.model)
     return RecordDict({"losses": MetricRecord(losses)})
 

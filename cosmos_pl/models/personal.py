@@ -15,7 +15,7 @@ import copy
 import torch
 from torch import nn
 
-__all__ = ["PersonalAndGlobal", "head_name", "shared_weights"]
+__all__ = ["PersonalAndGlobal", "head_name", "shared_weights", "load_shared_weights", "personal_model"]
 
 
 def head_name(model: nn.Module) -> str:
@@ -58,6 +58,9 @@ class PersonalAndGlobal(nn.Module):
         self.shared = copy.deepcopy(model)
         self.share_head = share_head
         self.head = head_name(model)
+        # 1 once ``shared`` holds a global model (its round-0 start or a server average); an integer buffer, so it
+        # is checkpointed with the model and never averaged or sent
+        self.register_buffer("global_started", torch.zeros((), dtype=torch.long))
         if hasattr(model, "backbone_name"):
             self.backbone_name = model.backbone_name
         if not share_head:
@@ -66,6 +69,16 @@ class PersonalAndGlobal(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.personal(x)
+
+    def load_global(self, state: dict[str, torch.Tensor]) -> None:
+        """Load the server's average (keys ``shared.*``, as :func:`shared_weights` sends them) into ``shared``.
+
+        Raises:
+            RuntimeError: a key outside ``shared`` or a shape that differs."""
+        if any(not k.startswith("shared.") for k in state):
+            raise RuntimeError(f"PersonalAndGlobal: global weights must be keyed shared.*, got {sorted(state)[:3]}")
+        self.load_state_dict(state, strict=False)
+        self.global_started.fill_(1)
 
     def is_head(self, key: str) -> bool:
         """Whether ``key`` (a key of ``shared``'s state dict) belongs to the classifier head."""
@@ -81,3 +94,18 @@ def shared_weights(model: nn.Module) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in state.items() if v.is_floating_point()}
     return {k: v.detach().clone() for k, v in state.items()
             if k.startswith("shared.") and v.is_floating_point() and (model.share_head or not model.is_head(k[7:]))}
+
+
+def load_shared_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load the server's averaged weights (keyed as :func:`shared_weights` sends them) into ``model``: the whole of a
+    plain model's float tensors (FedAvg), or the copy of the global model of a :class:`PersonalAndGlobal`."""
+    if isinstance(model, PersonalAndGlobal):
+        model.load_global(state)
+    else:
+        model.load_state_dict(state, strict=False)
+
+
+def personal_model(model: nn.Module) -> nn.Module:
+    """The model a client predicts with: ``personal`` of a :class:`PersonalAndGlobal`, else ``model`` itself (its
+    size is the model size a client reports)."""
+    return model.personal if isinstance(model, PersonalAndGlobal) else model

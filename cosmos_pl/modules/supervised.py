@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cosmos_pl.modules.base import CosmosModule
+from cosmos_pl.modules.base import LARGE_LAMBDA, CosmosModule
 
 
 class SupervisedModule(CosmosModule):
@@ -41,6 +41,10 @@ class ProximalModule(SupervisedModule):
         self.lam = lam
         for j, a in enumerate(anchor):
             self.register_buffer(f"anchor_{j}", a.detach().clone(), persistent=False)
+
+    def _more_fixes(self) -> str:
+        return f", or lambda, the weight of the proximal term (now {self.lam:g})" if not self.lam <= LARGE_LAMBDA \
+            else ""
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch

@@ -299,12 +299,14 @@ def fine_tune(model: nn.Module, x: torch.Tensor, y: torch.Tensor, **kwargs: Any)
 
 
 def start_global(model: nn.Module, with_head: bool) -> list[dict[str, float]]:
-    """The global model's first local copy is the client's round-0 model: ``model.shared`` takes
-    ``model.personal``'s weights (all of them, or the body alone when ``with_head`` is False: FedBABU's head stays at
-    its shared initialization). ``model`` is a :class:`~cosmos_pl.models.personal.PersonalAndGlobal`; no training,
-    so no losses."""
-    state = {k: v for k, v in model.personal.state_dict().items() if with_head or not model.is_head(k)}
-    model.shared.load_state_dict(state, strict=False)
+    """The global model's first local copy is the client's round-0 model: unless ``model.shared`` already holds a
+    global model (``model.global_started``), it takes ``model.personal``'s weights (all of them, or the body alone
+    when ``with_head`` is False: FedBABU's head stays at its shared initialization). ``model`` is a
+    :class:`~cosmos_pl.models.personal.PersonalAndGlobal`; no training, so no losses."""
+    if int(model.global_started) == 0:
+        state = {k: v for k, v in model.personal.state_dict().items() if with_head or not model.is_head(k)}
+        model.shared.load_state_dict(state, strict=False)
+        model.global_started.fill_(1)
     return []
 
 

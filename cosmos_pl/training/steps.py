@@ -73,6 +73,10 @@ class ClientStep:
     stage: ClassVar[str] = ""
     needs_target: ClassVar[bool] = True
 
+    def idle(self) -> bool:
+        """Whether the step has nothing to do and is skipped (a step of 0 epochs)."""
+        return getattr(self, "epochs", 1) <= 0
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         CLIENT_STEPS[cls.__name__] = cls
@@ -147,6 +151,9 @@ class FineTune(ClientStep):
     stage: ClassVar[str] = "fine-tuning"
     needs_target: ClassVar[bool] = False
 
+    def idle(self) -> bool:
+        return False  # with 0 epochs it still makes the personal model the global one
+
     def task(self, rt: "ClientRuntime", client: Client, rnd: int, target: Optional[torch.Tensor]) -> Task:
         return fine_tune, dict(self._common(rt, client, rnd), x=client.data.x, y=client.data.y, epochs=self.epochs,
                                optimizer=rt.clients.optimizer, seed=stage_seed(rt.seed, rnd, "finetune", client.id),
@@ -155,8 +162,10 @@ class FineTune(ClientStep):
 
 @dataclass(frozen=True)
 class StartGlobal(ClientStep):
-    """The client's copy of the global model takes its round-0 model's weights (the body alone when ``with_head``
-    is False), so the first average starts where FedAvg's does (:func:`~cosmos_pl.training.stages.start_global`)."""
+    """Unless it holds a global model already, the client's copy of the global model takes its round-0 model's
+    weights (the body alone when ``with_head`` is False), so the first average starts where FedAvg's does
+    (:func:`~cosmos_pl.training.stages.start_global`). In every round's plan: a client that failed its first round,
+    or takes part first later, is covered."""
 
     with_head: bool = True
     stage: ClassVar[str] = "global start"
