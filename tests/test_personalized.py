@@ -27,6 +27,17 @@ def _linear(seed: int = 0) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
 
 
+def _conv_pair(seed: int, where: str) -> PersonalAndGlobal:
+    """FedBABU's client of a conv body and a linear head ``2``, with 1.0 added to the parameters of ``where``
+    (``"personal"`` or ``"shared"``) so that its two models differ."""
+    torch.manual_seed(seed)
+    pair = PersonalAndGlobal(nn.Sequential(nn.Conv2d(1, 2, 1), nn.Flatten(), nn.Linear(8, 3)), share_head=False)
+    with torch.no_grad():
+        for p in getattr(pair, where).parameters():
+            p.add_(1.0)
+    return pair
+
+
 def _sgd(lr: float):
     return lambda params: torch.optim.SGD(params, lr=lr)
 
@@ -102,11 +113,7 @@ def test_fedbabu_head_is_frozen_kept_home_and_bodies_are_averaged_by_sample_coun
 
 
 def test_fedbabu_fine_tune_starts_from_the_global_model_and_trains_the_head_too():
-    torch.manual_seed(2)
-    pair = PersonalAndGlobal(nn.Sequential(nn.Conv2d(1, 2, 1), nn.Flatten(), nn.Linear(8, 3)), share_head=False)
-    with torch.no_grad():
-        for p in pair.shared.parameters():
-            p.add_(1.0)
+    pair = _conv_pair(2, "shared")
     fine_tune(pair, X, Y, epochs=0, batch_size=2, transformations=None, trainer=CPU, seed=0, optimizer=_sgd(0.1))
     assert all(torch.equal(p, q) for p, q in zip(pair.personal.parameters(), pair.shared.parameters()))
     head = pair.personal[2].weight.detach().clone()
@@ -116,11 +123,7 @@ def test_fedbabu_fine_tune_starts_from_the_global_model_and_trains_the_head_too(
 
 
 def test_start_global_copies_the_round0_model_without_the_head_for_fedbabu():
-    torch.manual_seed(3)
-    pair = PersonalAndGlobal(nn.Sequential(nn.Conv2d(1, 2, 1), nn.Flatten(), nn.Linear(8, 3)), share_head=False)
-    with torch.no_grad():
-        for p in pair.personal.parameters():
-            p.add_(1.0)
+    pair = _conv_pair(3, "personal")
     head = pair.shared[2].weight.detach().clone()
     start_global(pair, with_head=False)
     assert torch.equal(pair.shared[0].weight, pair.personal[0].weight)

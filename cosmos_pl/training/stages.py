@@ -243,12 +243,20 @@ def fit_supervised(
     Raises:
         DivergenceError: a step's loss, or the weights after training, are non-finite.
     """
-    if epochs <= 0 or len(x) == 0:
+    if epochs <= 0 or len(x) == 0:  # before the module is built: it would set the backbone's memory format
         return []
-    seed_everything(seed, verbose=False)
     trained = model.get_submodule(part) if part else model
     module = SupervisedModule(trained, optimizer, transformations, channels_last=trainer.channels_last, where=where,
                               optimizer_key=optimizer_key)
+    return _fit_labelled(model, module, trained, x, y, epochs=epochs, batch_size=batch_size, trainer=trainer,
+                         seed=seed)
+
+
+def _fit_labelled(model: nn.Module, module: CosmosModule, trained: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
+                  epochs: int, batch_size: int, trainer: TrainerConfig, seed: int) -> list[dict[str, float]]:
+    """Train ``module`` (whose backbone is ``trained``, a part of ``model`` or all of it) on shuffled batches of
+    ``(x, y)`` for ``epochs`` >= 1, seeded by ``seed``; ``model`` ends on the CPU. Returns the per-epoch losses."""
+    seed_everything(seed, verbose=False)
     _fit(module, trained, trainer, epochs, _loader(_on_device(trainer, x, y), batch_size, shuffle=True))
     model.cpu()
     return module.epoch_parts
@@ -280,13 +288,11 @@ def fit_proximal(
     """
     if epochs <= 0 or len(x) == 0:
         return []
-    seed_everything(seed, verbose=False)
     anchor = [p.detach() for p in model.shared.parameters()]
     module = ProximalModule(model.personal, anchor, lam, optimizer, transformations,
                             channels_last=trainer.channels_last, where=where, optimizer_key=optimizer_key)
-    _fit(module, model.personal, trainer, epochs, _loader(_on_device(trainer, x, y), batch_size, shuffle=True))
-    model.cpu()
-    return module.epoch_parts
+    return _fit_labelled(model, module, model.personal, x, y, epochs=epochs, batch_size=batch_size, trainer=trainer,
+                         seed=seed)
 
 
 def fine_tune(model: nn.Module, x: torch.Tensor, y: torch.Tensor, **kwargs: Any) -> list[dict[str, float]]:
