@@ -164,3 +164,21 @@ def test_a_top5_headline_on_fewer_than_20_classes_is_refused(repo_root, tmp_path
     assert capsys.readouterr().err.strip() == (
         "cosmos-pl: error: headline_metric='top5': top-5 accuracy is recorded for data sets of M >= 20 classes and "
         "this one has M = 10: use top1")
+
+
+def test_the_validation_column_is_the_final_rounds_validation_accuracy_over_seeds(tmp_path):
+    # validation 0.85, 0.87, 0.89 in the final round (round 1's 0.99 is not the final round): 0.87 ± 0.02 / sqrt(3)
+    pairs = [PairResult("cosmos", s, [0.6, 0.99, 0.8], "cluster teacher h_pi(i)", COMM, rounds_val=[0.6, 0.99, v])
+             for s, v in enumerate((0.85, 0.87, 0.89))]
+    pairs.append(PairResult("local", 0, [0.6, 0.7, 0.8], "client model f_i", COMM))  # no validation split
+    rows = {r.algorithm: r for r in write_report(pairs, tmp_path, "val")}
+    assert rows["cosmos"].val_final["mean"] == pytest.approx(0.87)
+    assert rows["cosmos"].val_final["sem"] == pytest.approx(0.02 / math.sqrt(3))
+    assert rows["local"].val_final is None
+    md = (tmp_path / "comparison.md").read_text()
+    assert "| final round (top-5) | validation (top-1) |" in md
+    assert "| - | 0.8700 ± 0.0115 |" in md and "| n/a | - | - |" in md  # local: one seed, no validation
+    with open(tmp_path / "comparison.csv") as f:
+        table = {r["algorithm"]: r for r in csv.DictReader(f)}
+    assert float(table["cosmos"]["final_val_top1_mean"]) == pytest.approx(0.87, abs=1e-6)
+    assert table["local"]["final_val_top1_mean"] == ""

@@ -101,3 +101,31 @@ def test_an_algorithm_that_does_not_take_a_swept_setting_gets_one_line_in_the_fi
     assert sorted(lines) == ["comet (mode=joint)", "comet (mode=sequential)", "cosmos"]
     assert lines["cosmos"] == [(1.0, 0.801, 0.01), (5.0, 0.805, 0.01)]
     assert lines["comet (mode=joint)"] == [(1.0, 1.701, 0.01), (5.0, 1.705, 0.01)]
+
+
+def test_the_validation_table_bolds_each_algorithms_best_point_and_never_a_column_read_at_every_point():
+    from cosmos_pl.compare.grid import grid_markdown, validation_markdown
+    from cosmos_pl.compare.report import PairResult, summarize
+
+    def pair(name, seed, test, val):
+        return PairResult(name, seed, [0.5, test], "client model f_i", {}, rounds_val=[0.5, val])
+
+    # COMET at K = 3 and K = 5 (validation 0.80 / 0.82 and 0.86 / 0.88 on seeds 0 / 1); local-only, which takes no
+    # K, is the same run (0.84 / 0.84) at both points. Test accuracy says the opposite for COMET: never used here.
+    tables = []
+    for k, (v0, v1) in ((3, (0.80, 0.82)), (5, (0.86, 0.88))):
+        pairs = [pair("comet", 0, 0.9 - v0, v0), pair("comet", 1, 0.9 - v1, v1),
+                 pair("local", 0, 0.70, 0.84), pair("local", 1, 0.72, 0.84)]
+        tables.append(({"num_clusters": k}, summarize(pairs, reference="comet"), []))
+    md = validation_markdown(tables)
+    # K = 5: mean(0.86, 0.88) = 0.87, sample std 0.01414, SEM 0.01; K = 3: 0.81 ± 0.01; local 0.84 ± 0
+    assert "| point | comet | local |" in md
+    assert "| num_clusters=3 | 0.8100 ± 0.0100 | 0.8400 ± 0.0000 |" in md
+    assert "| num_clusters=5 | **0.8700 ± 0.0100** | 0.8400 ± 0.0000 |" in md
+    grid = grid_markdown(tables, "made-up", "top1")
+    assert grid.index("## Validation accuracy at each point") < grid.index("# num_clusters = 3")
+    # the per-point tables carry the same figure in their last column
+    assert "| 0.5000 ± 0.0000 | - | - | - | 0.8700 ± 0.0100 |" in grid.split("# num_clusters = 5")[1]
+    # runs without a validation split: no table
+    bare = [({"num_clusters": 3}, summarize([PairResult("comet", 0, [0.5, 0.6], "client model f_i", {})]), [])]
+    assert validation_markdown(bare) == ""

@@ -10,9 +10,10 @@ Each point gets its folder ``OUT/<name>=<value>[,...]/`` with the usual report (
 differences, comparison.csv, communication.md, accuracy_vs_round.png; its runs under ``runs/``); a pair identical
 at several points (an algorithm the sweep does not touch) runs once, in the first point's folder, and the others
 read it. One round-0 cache ``OUT/round0`` serves every point (it is keyed by the settings that decide round 0).
-Then ``OUT/grid.md`` (every point's table) and one figure per swept setting, ``OUT/grid_<name>.png``: the final
-round's mean personalized accuracy (mean ± SEM over seeds) against the setting's values, one line per algorithm
-(per value of the other settings, when several are swept). Skip, resume and failure rules are those of compare.
+Then ``OUT/grid.md`` (a table of every point's validation accuracy, what settings are chosen on, then every
+point's table) and one figure per swept setting, ``OUT/grid_<name>.png``: the final round's mean personalized
+accuracy (mean ± SEM over seeds) against the setting's values, one line per algorithm (per value of the other
+settings, when several are swept). Skip, resume and failure rules are those of compare.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from cosmos_pl.compare.report import AlgorithmRow, comparison_markdown, summariz
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.files import atomic_write_text
 
-__all__ = ["parse_grid", "grid_points", "plan_grid", "run_grid", "GridPlan", "grid_lines"]
+__all__ = ["parse_grid", "grid_points", "plan_grid", "run_grid", "GridPlan", "grid_lines", "validation_markdown"]
 
 ALGORITHM_PREFIXES = ("algorithm.init_args.", "algorithm.")
 
@@ -217,10 +218,47 @@ def _notes(point: dict[str, Any], skipped: dict[str, list[str]]) -> list[str]:
     return notes
 
 
+def validation_markdown(tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]]) -> str:
+    """The choosing table: a row per point, a column per algorithm, each cell the final round's validation top-1
+    accuracy (mean ± SEM over seeds); in each column the highest mean is bold, unless the column is one run read at
+    every point (an algorithm the sweep does not touch). Empty when no run recorded a validation split."""
+    import math
+
+    algorithms = list(dict.fromkeys(r.algorithm for _, rows, _ in tables for r in rows))
+    cells = {(j, r.algorithm): r.val_final for j, (_, rows, _) in enumerate(tables) for r in rows
+             if r.val_final is not None and not math.isnan(r.val_final["mean"])}
+    if not cells:
+        return ""
+    best = {}
+    for name in algorithms:
+        means = {j: cells[(j, name)]["mean"] for j in range(len(tables)) if (j, name) in cells}
+        if len(set(means.values())) > 1:
+            best[name] = max(means.values())
+    lines = ["## Validation accuracy at each point", "",
+             "The final round's top-1 accuracy on the clients' validation splits (mean over clients; mean ± SEM over "
+             "seeds): what a setting is chosen on, never the test accuracy of the tables below. The highest of each "
+             "algorithm is bold (none where the column is one run read at every point). Where a swept key is a data "
+             "axis (alpha, the number of clients) the bold is no choice, only the best point.", "",
+             "| point | " + " | ".join(algorithms) + " |", "| --- |" + " --- |" * len(algorithms)]
+    for j, (point, _, _) in enumerate(tables):
+        row = []
+        for name in algorithms:
+            stats = cells.get((j, name))
+            text = "-" if stats is None else (f"{stats['mean']:.4f} ± {stats['sem']:.4f}" if stats["n"] >= 2
+                                              else f"{stats['mean']:.4f} ± n/a")
+            row.append(f"**{text}**" if stats is not None and best.get(name) == stats["mean"] else text)
+        lines.append(f"| {point_name(point)} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def grid_markdown(tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]], title: str,
                   metric: str) -> str:
-    """Every point's comparison table (as in comparison.md), under a heading naming the point, with its notes."""
+    """The validation table (:func:`validation_markdown`), then every point's comparison table (as in
+    comparison.md), under a heading naming the point, with its notes."""
     parts = [f"# {title}: grid of {len(tables)} points\n"]
+    choosing = validation_markdown(tables)
+    if choosing:
+        parts.append(choosing)
     for point, rows, notes in tables:
         heading = ", ".join(f"{k} = {v}" for k, v in point.items())
         body = comparison_markdown(rows, heading, metric)

@@ -229,8 +229,10 @@ def _result(pair: Pair, error: Optional[str]) -> PairResult:
         rows = list(csv.DictReader(f))
     rounds = [float(r["personalized_acc_mean"]) for r in rows]
     top5 = [float(r["personalized_top5_mean"]) for r in rows if r.get("personalized_top5_mean")]
+    val = [float(r["personalized_val_acc_mean"]) for r in rows if r.get("personalized_val_acc_mean")]
     return PairResult(pair.algorithm, pair.seed, rounds, summary["scored_model"], summary["communication"],
-                      rounds_top5=top5 if len(top5) == len(rounds) else [])
+                      rounds_top5=top5 if len(top5) == len(rounds) else [],
+                      rounds_val=val if len(val) == len(rounds) else [])
 
 
 def run_compare(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser,

@@ -43,6 +43,8 @@ class PairResult:
         communication: the run's summary["communication"].
         error: why the pair failed (None when it finished).
         rounds_top5: the same for top-5 accuracy (empty when the run did not record it: fewer than 20 classes).
+        rounds_val: the same for top-1 accuracy on the clients' validation splits (empty without one): what a
+            setting is chosen on.
     """
 
     algorithm: str
@@ -52,6 +54,7 @@ class PairResult:
     communication: dict[str, Any] = field(default_factory=dict)
     error: Optional[str] = None
     rounds_top5: list[float] = field(default_factory=list)
+    rounds_val: list[float] = field(default_factory=list)
 
     def series(self, metric: str) -> list[float]:
         """Per-round mean personalized accuracy in ``metric`` (``top1`` or ``top5``)."""
@@ -61,7 +64,8 @@ class PairResult:
 @dataclass
 class AlgorithmRow:
     """One algorithm over its seeds: final and best round, mean ± SEM (and n) of the per-seed means, in the headline
-    metric; ``other_final``: the final round in the other metric (None where not recorded)."""
+    metric; ``other_final``: the final round in the other metric, ``val_final``: the final round's top-1 accuracy on
+    the validation splits (each None where not recorded)."""
 
     algorithm: str
     scored_model: str
@@ -74,6 +78,7 @@ class AlgorithmRow:
     paired: Optional[dict[str, float]] = None  # reference minus this row, final round, paired by seed (with its CI)
     paired_above_zero: bool = False  # the paired 95% interval lies above 0 (‡)
     other_final: Optional[dict[str, float]] = None
+    val_final: Optional[dict[str, float]] = None
 
 
 def overlaps(a: dict[str, float], b: dict[str, float]) -> bool:
@@ -115,13 +120,15 @@ def summarize(pairs: list[PairResult], reference: str = "cosmos", metric: str = 
         failed = [f"seed {p.seed}: {p.error}" for p in pairs if p.algorithm == name and p.error is not None]
         nan = {"mean": math.nan, "sem": math.nan, "n": 0}
         other = [p.series(_OTHER[metric]) for p in done]
+        val = [p.rounds_val for p in done]
         rows.append(AlgorithmRow(
             algorithm=name, scored_model=done[0].scored_model if done else "", seeds=[p.seed for p in done],
             final=mean_sem([p.series(metric)[-1] for p in done]) if done else nan,
             best=mean_sem([max(p.series(metric)[1:]) for p in done]) if done else nan,
             local_only=mean_sem([p.series(metric)[0] for p in done]) if done else nan,
             failed=failed,
-            other_final=mean_sem([o[-1] for o in other]) if done and all(len(o) > 1 for o in other) else None))
+            other_final=mean_sem([o[-1] for o in other]) if done and all(len(o) > 1 for o in other) else None,
+            val_final=mean_sem([v[-1] for v in val]) if done and all(len(v) > 1 for v in val) else None))
     ref = next((r for r in rows if r.algorithm == reference and r.seeds), None)
     if ref is not None:
         others = [r for r in rows if r is not ref and r.seeds]
@@ -161,19 +168,22 @@ def comparison_markdown(rows: list[AlgorithmRow], title: str, metric: str = "top
              "COSMOS - this: the final-round difference paired by seed (same partition and round 0), mean ± SEM over "
              "seeds, and its 95% confidence interval (Student t, n - 1 degrees of freedom); ‡ (baseline rows): that "
              "interval lies above 0; ‡ on COSMOS: every baseline's does. "
-             "Best round is reported beside final and never used to select anything.", ""]
+             "Best round is reported beside final and never used to select anything. "
+             "Validation: the final round's top-1 accuracy on the clients' validation splits, what a setting is "
+             "chosen on.", ""]
     if few:
         lines += [f"With fewer than 2 seeds ({', '.join(few)}) there is no SEM and no interval (n/a) and no mark: one "
                   "seed says nothing about the seed-to-seed spread.", ""]
     lines += [f"| algorithm | scored model | seeds | final round ({label}) | best round | local-only (round 0) | "
-              f"COSMOS - this | 95% interval | final round ({other}) |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              f"COSMOS - this | 95% interval | final round ({other}) | validation (top-1) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         marks = ("†" if r.dagger else "") + ("‡" if r.paired_above_zero else "")
         name = r.algorithm + (f" {marks}" if marks else "")
         seeds = ",".join(map(str, r.seeds)) or "-"
         lines.append(f"| {name} | {r.scored_model or '-'} | {seeds} | {_pm(r.final)} | {_pm(r.best)} | "
-                     f"{_pm(r.local_only)} | {_pm(r.paired)} | {_interval(r.paired)} | {_pm(r.other_final)} |")
+                     f"{_pm(r.local_only)} | {_pm(r.paired)} | {_interval(r.paired)} | {_pm(r.other_final)} | "
+                     f"{_pm(r.val_final)} |")
     failures = [(r.algorithm, f) for r in rows for f in r.failed]
     if failures:
         lines += ["", "Failed pairs (not averaged):", ""]
@@ -192,13 +202,15 @@ def _csv(rows: list[AlgorithmRow], metric: str = "top1") -> str:
     w.writerow(["algorithm", "scored_model", "headline_metric", "seeds", "final_mean", "final_sem", "best_mean",
                 "best_sem", "local_only_mean", "local_only_sem", "dagger", "failed_pairs", "paired_diff_mean",
                 "paired_diff_sem", "paired_diff_ci95_low", "paired_diff_ci95_high", "paired_above_zero",
-                f"final_{_OTHER[metric]}_mean", f"final_{_OTHER[metric]}_sem"])
+                f"final_{_OTHER[metric]}_mean", f"final_{_OTHER[metric]}_sem", "final_val_top1_mean",
+                "final_val_top1_sem"])
     for r in rows:
         w.writerow([r.algorithm, r.scored_model, metric, " ".join(map(str, r.seeds)),
                     num(r.final, "mean"), num(r.final, "sem"), num(r.best, "mean"), num(r.best, "sem"),
                     num(r.local_only, "mean"), num(r.local_only, "sem"), int(r.dagger), len(r.failed),
                     num(r.paired, "mean"), num(r.paired, "sem"), num(r.paired, "low"), num(r.paired, "high"),
-                    int(r.paired_above_zero), num(r.other_final, "mean"), num(r.other_final, "sem")])
+                    int(r.paired_above_zero), num(r.other_final, "mean"), num(r.other_final, "sem"),
+                    num(r.val_final, "mean"), num(r.val_final, "sem")])
     return buf.getvalue()
 
 
