@@ -112,6 +112,9 @@ def build_compare_parser() -> ArgumentParser:
                         "setting (data.partitioner.init_args.alpha) or an algorithm's (algorithm.init_args.lambda_, "
                         "or lambda_, b0, temperature, aggregation): each point gets OUT/<name>=<value>/ with its "
                         "report, then OUT/grid.md and OUT/grid_<name>.png.")
+    p.add_argument("--dry_run", type=bool, default=False,
+                   help="Check every pair's config as a run would, print what would run (with --grid: per point), and "
+                        "exit 0; runs nothing and writes nothing.")
     return p
 
 

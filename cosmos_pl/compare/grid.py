@@ -188,9 +188,7 @@ def run_grid(cfg: Namespace, plan: GridPlan, out: Path, algorithms: list[str], s
     from cosmos_pl.compare.pairs import _finished, execute_pairs, report_pairs
 
     todo = [p for p in plan.unique if not _finished(p)]
-    console.print(f"[bold]cosmos-pl compare --grid[/bold]: {len(plan.points)} points x {len(algorithms)} algorithms "
-                  f"x {len(seeds)} seeds: {len(plan.unique)} distinct pairs, {len(plan.unique) - len(todo)} already "
-                  f"finished in {out}, {len(todo)} to run, {jobs} at a time")
+    console.print(f"[bold]cosmos-pl compare --grid[/bold]: {_counts(plan, out, algorithms, seeds, jobs, todo)}")
     errors = execute_pairs(todo, jobs, console)
     config_name = Path(str((cfg.get("config") or ["compare"])[-1])).stem
     results, tables = [], []
@@ -207,6 +205,34 @@ def run_grid(cfg: Namespace, plan: GridPlan, out: Path, algorithms: list[str], s
     console.print(f"grid report: {out / 'grid.md'}, " +
                   ", ".join(str(out / f"grid_{_short(k)}.png") for k, _ in plan.grid))
     return results
+
+
+def _counts(plan: GridPlan, out: Path, algorithms: list[str], seeds: list[int], jobs: int, todo: list[Any],
+            verb: str = "to run") -> str:
+    return (f"{len(plan.points)} points x {len(algorithms)} algorithms x {len(seeds)} seeds: {len(plan.unique)} "
+            f"distinct pairs, {len(plan.unique) - len(todo)} already finished in {out}, {len(todo)} {verb}, {jobs} at "
+            "a time")
+
+
+def print_grid_plan(plan: GridPlan, out: Path, algorithms: list[str], seeds: list[int], jobs: int,
+                    console: Console) -> None:
+    """``--dry_run``: the counts, then a line per point naming the pairs that would run in its folder (a pair shared
+    with an earlier point runs there) and the algorithms run once for every value; runs and writes nothing."""
+    from cosmos_pl.compare.pairs import _finished
+
+    todo = [p for p in plan.unique if not _finished(p)]
+    console.print(f"dry run, --grid: {_counts(plan, out, algorithms, seeds, jobs, todo, 'would run')}")
+    owner: dict[int, Path] = {}
+    for point, folder, pairs in plan.points:
+        for p in pairs:
+            owner.setdefault(id(p), folder)
+    waiting = {id(p) for p in todo}
+    for point, folder, pairs in plan.points:
+        here = [p.label for p in pairs if owner[id(p)] == folder and id(p) in waiting]
+        console.print(f"  {point_name(point)}: {len(here)} to run" + (f" ({', '.join(here)})" if here else ""))
+    for setting, names in plan.skipped.items():
+        if names:
+            console.print(f"  not swept ({setting}): {', '.join(names)} run once for every value")
 
 
 def _notes(point: dict[str, Any], skipped: dict[str, list[str]]) -> list[str]:

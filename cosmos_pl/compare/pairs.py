@@ -37,7 +37,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cosmos_pl.algorithms import COSMOS, algorithm_class
 from cosmos_pl.class_groups import parse_args
-from cosmos_pl.compare.grid import parse_grid, plan_grid, run_grid
+from cosmos_pl.compare.grid import parse_grid, plan_grid, print_grid_plan, run_grid
 from cosmos_pl.compare.report import PairResult, write_report
 from cosmos_pl.config import CompareConfig, check_seed, validate_config
 from cosmos_pl.errors import ConfigError, check
@@ -48,7 +48,7 @@ from cosmos_pl.federated.run_directory import _mkdir, atomic_write_text
 
 __all__ = ["run_compare", "CompareResult", "Pair"]
 
-_COMPARE_ONLY = ("algorithms", "seeds", "jobs", "out", "config", "comparison", "overwrite", "grid")
+_COMPARE_ONLY = ("algorithms", "seeds", "jobs", "out", "config", "comparison", "overwrite", "grid", "dry_run")
 # keys of pair.yaml that do not change a run's numbers (and are absent from older pair.yaml files); failures
 # settings only act when a client fails, which a finished run would have recorded; paths, so that an --out
 # folder may be moved; the headline metric, which the report reads from metrics.csv (both metrics are there)
@@ -259,10 +259,18 @@ def run_compare(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPars
     grid = parse_grid(cfg.get("grid") or [])
     if grid:  # every point's pairs checked before anything is written
         plan = plan_grid(cfg, parser, fit_parser, out, algorithms, seeds, jobs, grid)
+        if cfg.get("dry_run"):
+            print_grid_plan(plan, out, algorithms, seeds, jobs, console)
+            return CompareResult([], out)
         _mkdir(out, "--out")
         with FolderLock(out, "--out"):
             return CompareResult(run_grid(cfg, plan, out, algorithms, seeds, jobs, console), out)
     pairs = _pair_configs(cfg, parser, fit_parser, out, algorithms, seeds, jobs)
+    if cfg.get("dry_run"):
+        todo = [p for p in pairs if not _finished(p)]
+        console.print(f"dry run: {len(pairs)} pairs ({', '.join(dict.fromkeys(algorithms))} x seeds {seeds}); "
+                      f"{len(pairs) - len(todo)} already finished in {out}, {len(todo)} would run, {jobs} at a time")
+        return CompareResult([], out)
     _mkdir(out, "--out")
     with FolderLock(out, "--out"):  # one compare per folder: a second would delete the pairs the first runs
         return _run_pairs(cfg, pairs, out, algorithms, seeds, jobs, console)
