@@ -68,6 +68,13 @@ def test_a_lambda_grid_runs_each_distinct_pair_once_and_reports_every_point(repo
     capsys.readouterr()
     assert _compare(repo_root, out, "--grid", "lambda_=0,5") == 0
     assert "3 distinct pairs, 3 already finished" in " ".join(capsys.readouterr().out.split())  # unwrapped
+    # a dry run over the finished grid: nothing would run, and the report is left as it was
+    before = (out / "grid.md").stat().st_mtime_ns
+    assert _compare(repo_root, out, "--grid", "lambda_=0,5", "--dry_run", "true") == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "3 distinct pairs, 3 already finished" in said and "0 would run" in said
+    assert "lambda_=0: 0 to run" in said and "not swept (lambda_): local run once for every value" in said
+    assert (out / "grid.md").stat().st_mtime_ns == before
 
 
 def test_grid_values_that_are_numbers_are_numbers_and_seed_is_compares_own_axis():

@@ -168,15 +168,19 @@ def _rows(path):
         return list(csv.DictReader(f))
 
 
-@pytest.mark.slow  # a small digits run: the round loop with a client holding two models, over the checkpoint
-def test_fedbabu_run_holds_one_global_body_a_fixed_head_and_sends_the_body_alone(repo_root, tmp_path):
+@pytest.mark.slow  # small digits runs: the round loop with a client holding two models, over the checkpoint
+def test_fedbabu_run_holds_one_global_body_a_fixed_head_and_sends_the_body_alone(repo_root, tmp_path, capsys):
     from cosmos_pl.cli import main
 
-    run = tmp_path / "fedbabu"
-    assert main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--algorithm", "FedBABU",
-                 "--clients.backbones", "[test_efficientnet]", "--rounds", "2", "--data.num_clients", "5",
-                 "--clients.pretrain_epochs", "1", "--executor.threads_per_worker", "1", "--wandb.mode", "disabled",
-                 "--run_dir", str(run)]) == 0
+    run, cache = tmp_path / "fedbabu", tmp_path / "round0"
+
+    def fit(algorithm, run_dir, rounds, *extra):
+        return main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--algorithm", algorithm,
+                     "--clients.backbones", "[test_efficientnet]", "--rounds", str(rounds), "--data.num_clients", "5",
+                     "--clients.pretrain_epochs", "1", "--executor.threads_per_worker", "1", "--wandb.mode",
+                     "disabled", "--run_dir", str(run_dir), *extra])
+
+    assert fit("FedBABU", run, 2, "--round0_cache", str(cache)) == 0
     rounds = [torch.load(run / "checkpoints" / f"round-000{r}.pt", weights_only=True)["clients"]["models"]
               for r in (1, 2)]
     models = rounds[1]
@@ -195,3 +199,11 @@ def test_fedbabu_run_holds_one_global_body_a_fixed_head_and_sends_the_body_alone
     assert [int(r["upload_bytes_per_client"]) for r in metrics] == [0, body_bytes, body_bytes]
     assert [int(r["download_bytes_per_client"]) for r in metrics] == [0, body_bytes, body_bytes]
     assert all(r["fine-tuning_loss"] for r in metrics[1:])
+    # round 0 trains the personal model alone, so FedAvg reads FedBABU's cached round 0 and gets the numbers it
+    # gets when it trains round 0 itself
+    capsys.readouterr()
+    assert fit("FedAvg", tmp_path / "fedavg_cached", 1, "--round0_cache", str(cache)) == 0
+    assert "round 0: client models loaded from" in " ".join(capsys.readouterr().out.split())
+    assert fit("FedAvg", tmp_path / "fedavg", 1) == 0
+    assert _rows(tmp_path / "fedavg_cached" / "metrics.csv") == _rows(tmp_path / "fedavg" / "metrics.csv")
+    assert _rows(tmp_path / "fedavg" / "metrics.csv")[0]["client_acc_mean"] == metrics[0]["client_acc_mean"]

@@ -162,9 +162,9 @@ class InProcessClients(Clients):
         self.cached_losses: Optional[dict[str, float]] = None
         if cache is None:
             return self._train(0, LocalFit(epochs), ids, {}) if epochs > 0 else {}
-        first = self.clients[0].model  # a client holding two models (Ditto, FedBABU) has a round 0 of its own
-        kind = "" if not hasattr(first, "share_head") else f"|{type(first).__name__}(share_head={first.share_head})"
-        digest = hashlib.sha256(f"{key}|threads={self.threads}|shared_init={self.shared_init}{kind}"
+        # the cache holds each client's personal model (personal_model): round 0 trains only that, so FedAvg, Ditto
+        # and FedBABU (one shared initialization) read the same file
+        digest = hashlib.sha256(f"{key}|threads={self.threads}|shared_init={self.shared_init}"
                                 .encode()).hexdigest()[:16]
         cache.mkdir(parents=True, exist_ok=True)
         self._round0 = cache / f"round0-{digest}.pt"
@@ -173,7 +173,7 @@ class InProcessClients(Clients):
         if self._round0.is_file():
             saved = torch.load(self._round0, weights_only=True)
             for c, state in zip(self.clients, saved["models"]):
-                c.model.load_state_dict(state)
+                personal_model(c.model).load_state_dict(state)
             self.cached_losses = dict(saved["losses"])
             self.log(f"round 0: client models loaded from {self._round0}")
             self.keep_round0(None)
@@ -189,7 +189,8 @@ class InProcessClients(Clients):
         try:
             signals.check()  # a round 0 that a stop request interrupted is not shared either
             if losses is not None and not self._round0.is_file():
-                atomic_save({"models": [c.model.state_dict() for c in self.clients], "losses": losses}, self._round0)
+                atomic_save({"models": [personal_model(c.model).state_dict() for c in self.clients],
+                             "losses": losses}, self._round0)
         finally:
             lock.close()
             self._round0_lock = None
