@@ -114,7 +114,7 @@ def build_compare_parser() -> ArgumentParser:
                         "report, then OUT/grid.md and OUT/grid_<name>.png.")
     p.add_argument("--dry_run", type=bool, default=False,
                    help="Check every pair's config as a run would, print what would run (with --grid: per point), and "
-                        "exit 0; runs nothing and writes nothing.")
+                        "exit 0; runs nothing and writes nothing under --out.")
     return p
 
 

@@ -73,7 +73,7 @@ def test_a_lambda_grid_runs_each_distinct_pair_once_and_reports_every_point(repo
     assert _compare(repo_root, out, "--grid", "lambda_=0,5", "--dry_run", "true") == 0
     said = " ".join(capsys.readouterr().out.split())
     assert "3 distinct pairs, 3 already finished" in said and "0 would run" in said
-    assert "lambda_=0: 0 to run" in said and "not swept (lambda_): local run once for every value" in said
+    assert "lambda_=0: 0 to run" in said and "lambda_ is not swept for local: one run serves every value" in said
     assert (out / "grid.md").stat().st_mtime_ns == before
 
 
@@ -117,22 +117,43 @@ def test_the_validation_table_bolds_each_algorithms_best_point_and_never_a_colum
     def pair(name, seed, test, val):
         return PairResult(name, seed, [0.5, test], "client model f_i", {}, rounds_val=[0.5, val])
 
-    # COMET at K = 3 and K = 5 (validation 0.80 / 0.82 and 0.86 / 0.88 on seeds 0 / 1); local-only, which takes no
-    # K, is the same run (0.84 / 0.84) at both points. Test accuracy says the opposite for COMET: never used here.
+    # COMET at K = 3, 5 and 7 (validation 0.80 / 0.82, 0.86 / 0.88 and 0.88 / 0.86 on seeds 0 / 1: K = 5 and 7 tie);
+    # local-only, which takes no K, is the same run (0.84 / 0.84) at every point. Test accuracy says the opposite for
+    # COMET: never used here.
     tables = []
-    for k, (v0, v1) in ((3, (0.80, 0.82)), (5, (0.86, 0.88))):
+    for k, (v0, v1) in ((3, (0.80, 0.82)), (5, (0.86, 0.88)), (7, (0.88, 0.86))):
         pairs = [pair("comet", 0, 0.9 - v0, v0), pair("comet", 1, 0.9 - v1, v1),
                  pair("local", 0, 0.70, 0.84), pair("local", 1, 0.72, 0.84)]
         tables.append(({"num_clusters": k}, summarize(pairs, reference="comet"), []))
-    md = validation_markdown(tables)
+    md = validation_markdown(tables, frozenset({"local"}))
     # K = 5: mean(0.86, 0.88) = 0.87, sample std 0.01414, SEM 0.01; K = 3: 0.81 ± 0.01; local 0.84 ± 0
     assert "| point | comet | local |" in md
     assert "| num_clusters=3 | 0.8100 ± 0.0100 | 0.8400 ± 0.0000 |" in md
     assert "| num_clusters=5 | **0.8700 ± 0.0100** | 0.8400 ± 0.0000 |" in md
-    grid = grid_markdown(tables, "made-up", "top1")
+    assert "| num_clusters=7 | **0.8700 ± 0.0100** | 0.8400 ± 0.0000 |" in md  # a tie: both bold
+    # had local-only been swept (not read at every point), its tie across all points would be bold
+    assert "| num_clusters=3 | 0.8100 ± 0.0100 | **0.8400 ± 0.0000** |" in validation_markdown(tables)
+    grid = grid_markdown(tables, "made-up", "top1", frozenset({"local"}))
     assert grid.index("## Validation accuracy at each point") < grid.index("# num_clusters = 3")
     # the per-point tables carry the same figure in their last column
     assert "| 0.5000 ± 0.0000 | - | - | - | 0.8700 ± 0.0100 |" in grid.split("# num_clusters = 5")[1]
     # runs without a validation split: no table
     bare = [({"num_clusters": 3}, summarize([PairResult("comet", 0, [0.5, 0.6], "client model f_i", {})]), [])]
     assert validation_markdown(bare) == ""
+
+
+def test_an_algorithm_is_read_at_every_point_when_its_runs_are_the_same_objects_at_each():
+    from pathlib import Path
+
+    from cosmos_pl.compare.grid import GridPlan, read_everywhere
+    from cosmos_pl.compare.pairs import Pair
+
+    def pair(name, seed):
+        return Pair(name, seed, Path("runs") / f"{name}-seed{seed}", "")
+
+    local = [pair("local", 0), pair("local", 1)]  # shared by both points
+    comet = [[pair("comet", 0), pair("comet", 1)], [pair("comet", 0), pair("comet", 1)]]  # a run per point
+    points = [({"num_clusters": k}, Path(f"p{k}"), comet[j] + local) for j, k in enumerate((3, 5))]
+    plan = GridPlan([("num_clusters", [3, 5])], points, comet[0] + comet[1] + local, {"num_clusters": ["local"]})
+    assert read_everywhere(plan) == frozenset({"local"})
+    assert read_everywhere(GridPlan(plan.grid, points[:1], plan.unique, plan.skipped)) == frozenset()

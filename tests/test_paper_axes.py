@@ -17,7 +17,7 @@ EXPECTED = {
     "number of clients": 3 * 4,
     "size of U": 3 * 4,
     "server (teacher) architecture": 3,  # --algorithms cosmos
-    "threshold B0 (the number of clusters)": 4,
+    "threshold B0 (the number of clusters)": 3,
     "lambda": 3,
     "temperature": 3,
     "aggregation rule": 3,

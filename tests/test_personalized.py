@@ -199,11 +199,16 @@ def test_fedbabu_run_holds_one_global_body_a_fixed_head_and_sends_the_body_alone
     assert [int(r["upload_bytes_per_client"]) for r in metrics] == [0, body_bytes, body_bytes]
     assert [int(r["download_bytes_per_client"]) for r in metrics] == [0, body_bytes, body_bytes]
     assert all(r["fine-tuning_loss"] for r in metrics[1:])
-    # round 0 trains the personal model alone, so FedAvg reads FedBABU's cached round 0 and gets the numbers it
-    # gets when it trains round 0 itself
+    # round 0 trains the personal model alone, so one cached round 0 serves both: FedAvg on FedBABU's gets the
+    # numbers FedAvg gets training its own, and FedBABU on FedAvg's (its global copy then starts in round 1 from
+    # the loaded model) the numbers of the run above
     capsys.readouterr()
     assert fit("FedAvg", tmp_path / "fedavg_cached", 1, "--round0_cache", str(cache)) == 0
     assert "round 0: client models loaded from" in " ".join(capsys.readouterr().out.split())
-    assert fit("FedAvg", tmp_path / "fedavg", 1) == 0
+    assert fit("FedAvg", tmp_path / "fedavg", 1, "--round0_cache", str(tmp_path / "fedavg_round0")) == 0
+    assert "round 0: client models loaded from" not in " ".join(capsys.readouterr().out.split())
     assert _rows(tmp_path / "fedavg_cached" / "metrics.csv") == _rows(tmp_path / "fedavg" / "metrics.csv")
     assert _rows(tmp_path / "fedavg" / "metrics.csv")[0]["client_acc_mean"] == metrics[0]["client_acc_mean"]
+    assert fit("FedBABU", tmp_path / "fedbabu_cached", 2, "--round0_cache", str(tmp_path / "fedavg_round0")) == 0
+    assert "round 0: client models loaded from" in " ".join(capsys.readouterr().out.split())
+    assert _rows(tmp_path / "fedbabu_cached" / "metrics.csv") == metrics

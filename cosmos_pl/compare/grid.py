@@ -198,13 +198,25 @@ def run_grid(cfg: Namespace, plan: GridPlan, out: Path, algorithms: list[str], s
         got = report_pairs(cfg, pairs, errors, folder, algorithms, console, title)
         results += got
         tables.append((point, summarize(got, metric=cfg.headline_metric), _notes(point, plan.skipped)))
-    atomic_write_text(out / "grid.md", grid_markdown(tables, config_name, cfg.headline_metric))
+    atomic_write_text(out / "grid.md", grid_markdown(tables, config_name, cfg.headline_metric,
+                                                     read_everywhere(plan)))
     for key, values in plan.grid:
         plot_grid(tables, key, values, out / f"grid_{_short(key)}.png", config_name, cfg.headline_metric,
                   plan.skipped)
     console.print(f"grid report: {out / 'grid.md'}, " +
                   ", ".join(str(out / f"grid_{_short(k)}.png") for k, _ in plan.grid))
     return results
+
+
+def read_everywhere(plan: GridPlan) -> frozenset[str]:
+    """The algorithms whose pairs are the same runs at every point of ``plan`` (the sweep does not touch them);
+    none with fewer than 2 points."""
+    if len(plan.points) < 2:
+        return frozenset()
+    per_point = [{p.algorithm: frozenset(id(q) for q in pairs if q.algorithm == p.algorithm) for p in pairs}
+                 for _, _, pairs in plan.points]
+    names = set().union(*per_point)
+    return frozenset(n for n in names if len({runs.get(n) for runs in per_point}) == 1)
 
 
 def _counts(plan: GridPlan, out: Path, algorithms: list[str], seeds: list[int], jobs: int, todo: list[Any],
@@ -217,7 +229,8 @@ def _counts(plan: GridPlan, out: Path, algorithms: list[str], seeds: list[int], 
 def print_grid_plan(plan: GridPlan, out: Path, algorithms: list[str], seeds: list[int], jobs: int,
                     console: Console) -> None:
     """``--dry_run``: the counts, then a line per point naming the pairs that would run in its folder (a pair shared
-    with an earlier point runs there) and the algorithms run once for every value; runs and writes nothing."""
+    with an earlier point runs there) and, per swept setting, the algorithms that do not take it (one run serves
+    every value); runs nothing and writes nothing under ``out``."""
     from cosmos_pl.compare.pairs import _finished
 
     todo = [p for p in plan.unique if not _finished(p)]
@@ -232,7 +245,8 @@ def print_grid_plan(plan: GridPlan, out: Path, algorithms: list[str], seeds: lis
         console.print(f"  {point_name(point)}: {len(here)} to run" + (f" ({', '.join(here)})" if here else ""))
     for setting, names in plan.skipped.items():
         if names:
-            console.print(f"  not swept ({setting}): {', '.join(names)} run once for every value")
+            console.print(f"  {setting} is not swept for {', '.join(names)}: one run serves every value of "
+                          f"{setting} (a run per value of any other swept setting)")
 
 
 def _notes(point: dict[str, Any], skipped: dict[str, list[str]]) -> list[str]:
@@ -244,11 +258,15 @@ def _notes(point: dict[str, Any], skipped: dict[str, list[str]]) -> list[str]:
     return notes
 
 
-def validation_markdown(tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]]) -> str:
+def validation_markdown(tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]],
+                        read_everywhere: frozenset[str] = frozenset()) -> str:
     """The choosing table: a row per point, a column per algorithm, each cell the final round's validation top-1
-    accuracy (mean ± SEM over seeds); in each column the highest mean is bold, unless the column is one run read at
-    every point (an algorithm the sweep does not touch). Empty when no run recorded a validation split."""
+    accuracy (mean ± SEM over seeds); in each column the highest mean is bold (every point that ties for it), unless
+    the algorithm is in ``read_everywhere`` (its runs are the same at every point: the sweep does not touch it).
+    Empty when no run recorded a validation split."""
     import math
+
+    from cosmos_pl.compare.report import _pm
 
     algorithms = list(dict.fromkeys(r.algorithm for _, rows, _ in tables for r in rows))
     cells = {(j, r.algorithm): r.val_final for j, (_, rows, _) in enumerate(tables) for r in rows
@@ -257,9 +275,9 @@ def validation_markdown(tables: list[tuple[dict[str, Any], list[AlgorithmRow], l
         return ""
     best = {}
     for name in algorithms:
-        means = {j: cells[(j, name)]["mean"] for j in range(len(tables)) if (j, name) in cells}
-        if len(set(means.values())) > 1:
-            best[name] = max(means.values())
+        means = [cells[(j, name)]["mean"] for j in range(len(tables)) if (j, name) in cells]
+        if means and name not in read_everywhere:
+            best[name] = max(means)
     lines = ["## Validation accuracy at each point", "",
              "The final round's top-1 accuracy on the clients' validation splits (mean over clients; mean ± SEM over "
              "seeds): what a setting is chosen on, never the test accuracy of the tables below. The highest of each "
@@ -270,19 +288,18 @@ def validation_markdown(tables: list[tuple[dict[str, Any], list[AlgorithmRow], l
         row = []
         for name in algorithms:
             stats = cells.get((j, name))
-            text = "-" if stats is None else (f"{stats['mean']:.4f} ± {stats['sem']:.4f}" if stats["n"] >= 2
-                                              else f"{stats['mean']:.4f} ± n/a")
+            text = _pm(stats)
             row.append(f"**{text}**" if stats is not None and best.get(name) == stats["mean"] else text)
         lines.append(f"| {point_name(point)} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
 def grid_markdown(tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]], title: str,
-                  metric: str) -> str:
+                  metric: str, read_everywhere: frozenset[str] = frozenset()) -> str:
     """The validation table (:func:`validation_markdown`), then every point's comparison table (as in
     comparison.md), under a heading naming the point, with its notes."""
     parts = [f"# {title}: grid of {len(tables)} points\n"]
-    choosing = validation_markdown(tables)
+    choosing = validation_markdown(tables, read_everywhere)
     if choosing:
         parts.append(choosing)
     for point, rows, notes in tables:

@@ -162,8 +162,8 @@ class InProcessClients(Clients):
         self.cached_losses: Optional[dict[str, float]] = None
         if cache is None:
             return self._train(0, LocalFit(epochs), ids, {}) if epochs > 0 else {}
-        # the cache holds each client's personal model (personal_model): round 0 trains only that, so FedAvg, Ditto
-        # and FedBABU (one shared initialization) read the same file
+        # the cache holds each client's personal model (personal_model): round 0 trains only that (LocalFit's
+        # default part), so FedAvg, Ditto and FedBABU (one shared initialization) read the same file
         digest = hashlib.sha256(f"{key}|threads={self.threads}|shared_init={self.shared_init}"
                                 .encode()).hexdigest()[:16]
         cache.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ from torch import nn
 
 from cosmos_pl.communication import CommunicationConfig, Payload, encode, encode_hard
 from cosmos_pl.losses import adjust_to_prior
+from cosmos_pl.models.personal import PersonalAndGlobal
 from cosmos_pl.training.client import Client, ClientConfig
 from cosmos_pl.training.config import TrainerConfig, stage_seed
 from cosmos_pl.transforms import Transformations
@@ -107,8 +108,9 @@ class ClientStep:
 class LocalFit(ClientStep):
     """Cross-entropy on the client's own labelled data D_i for ``epochs`` epochs (``clients.optimizer``).
 
-    ``part``: the submodule trained, ``""`` the whole model, ``"shared"`` the client's copy of the global model in a
-    :class:`~cosmos_pl.models.personal.PersonalAndGlobal` (Ditto's and FedBABU's global update).
+    ``part``: the submodule trained: ``""`` the model the client predicts with (the whole model; the personal model
+    of a :class:`~cosmos_pl.models.personal.PersonalAndGlobal`, as round 0 trains it, so that its copy of the global
+    model stays at the shared initialization), ``"shared"`` that copy (Ditto's and FedBABU's global update).
     """
 
     epochs: int
@@ -117,7 +119,8 @@ class LocalFit(ClientStep):
     needs_target: ClassVar[bool] = False
 
     def task(self, rt: "ClientRuntime", client: Client, rnd: int, target: Optional[torch.Tensor]) -> Task:
-        extra = {"part": self.part} if self.part else {}
+        part = self.part or ("personal" if isinstance(client.model, PersonalAndGlobal) else "")
+        extra = {"part": part} if part else {}
         return fit_supervised, dict(self._common(rt, client, rnd), x=client.data.x, y=client.data.y,
                                     epochs=self.epochs, optimizer=rt.clients.optimizer,
                                     seed=stage_seed(rt.seed, rnd, "local", client.id),
