@@ -268,8 +268,7 @@ def run_compare(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPars
     pairs = _pair_configs(cfg, parser, fit_parser, out, algorithms, seeds, jobs)
     if cfg.get("dry_run"):
         todo = [p for p in pairs if not _finished(p)]
-        console.print(f"dry run: {len(pairs)} pairs ({', '.join(dict.fromkeys(algorithms))} x seeds {seeds}); "
-                      f"{len(pairs) - len(todo)} already finished in {out}, {len(todo)} would run, {jobs} at a time")
+        console.print(f"dry run: {_counts(pairs, todo, out, algorithms, seeds, jobs, 'would run')}")
         return CompareResult([], out)
     _mkdir(out, "--out")
     with FolderLock(out, "--out"):  # one compare per folder: a second would delete the pairs the first runs
@@ -280,12 +279,17 @@ def _run_pairs(cfg: Namespace, pairs: list[Pair], out: Path, algorithms: list[st
                console: Console) -> CompareResult:
     """:func:`run_compare` inside its locked ``--out`` folder: run what is not finished, then the report."""
     todo = [p for p in pairs if not _finished(p)]
-    console.print(f"[bold]cosmos-pl compare[/bold]: {len(pairs)} pairs ({', '.join(dict.fromkeys(algorithms))} x "
-                  f"seeds {seeds}); {len(pairs) - len(todo)} already finished in {out}, {len(todo)} to run, "
-                  f"{jobs} at a time")
+    console.print(f"[bold]cosmos-pl compare[/bold]: {_counts(pairs, todo, out, algorithms, seeds, jobs)}")
     errors = execute_pairs(todo, jobs, console)
     results = report_pairs(cfg, pairs, errors, out, algorithms, console)
     return CompareResult(results, out)
+
+
+def _counts(pairs: list[Pair], todo: list[Pair], out: Path, algorithms: list[str], seeds: list[int], jobs: int,
+            verb: str = "to run") -> str:
+    """What a compare (or its dry run, ``verb`` "would run") is about to do, in one line."""
+    return (f"{len(pairs)} pairs ({', '.join(dict.fromkeys(algorithms))} x seeds {seeds}); {len(pairs) - len(todo)} "
+            f"already finished in {out}, {len(todo)} {verb}, {jobs} at a time")
 
 
 def report_pairs(cfg: Namespace, pairs: list[Pair], errors: dict[str, Optional[str]], out: Path,
