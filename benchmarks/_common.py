@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import time
+from pathlib import Path
 
 import torch
 
@@ -67,3 +68,57 @@ def emit(figures: dict) -> None:
     """Print the machine, then one final line of JSON holding the figures (for trackers)."""
     print("machine:", machine())
     print(json.dumps({**figures, "machine": machine()}, sort_keys=True))
+
+
+def ptc_distances(config: Path, seed: int, num_clients: int, cache: Path, round0: Path) -> tuple:
+    """``(distances [N, N], true groups [N], distances_hard [N, N])`` of a config's first COSMOS round: round 0 as
+    ``cosmos-pl fit`` trains it (kept in the round-0 cache ``round0``), then every client's soft upload on U, and the
+    L1 distances the server clusters (``distance: l1``, and ``l1_hard``). ``num_clients`` 0 keeps the config's N.
+    Kept in ``cache`` as .npz by config, N and seed."""
+    import numpy as np
+
+    target = cache / f"{config.stem}_n{num_clients}_s{seed}.npz"
+    if target.is_file():
+        got = np.load(target)
+        if "distances_hard" in got:
+            return got["distances"], got["groups"], got["distances_hard"]
+    from lightning.fabric.utilities.seed import seed_everything
+
+    from cosmos_pl.algorithms.base import ServerResult, Upload
+    from cosmos_pl.cli import _round0_key, build_fit_parser
+    from cosmos_pl.clustering import pairwise_distances
+    from cosmos_pl.config import validate_config
+
+    class Uploads(COSMOS):  # COSMOS's first round up to its server step: the upload, kept
+        def plan(self, rnd):
+            return [Upload("soft")]
+
+        def server_step(self, rnd, uploads):
+            self.got = uploads
+            return ServerResult({}, 0)
+
+    args = ["--config", str(config), "--seed", str(seed), "--wandb.mode", "disabled"]
+    if num_clients:
+        args += ["--data.num_clients", str(num_clients)]
+    parser = build_fit_parser()
+    cfg = parser.parse_args(args)
+    init = parser.instantiate(cfg)
+    validate_config(init)
+    seed_everything(init.seed, verbose=False)
+    _, federation = init.data.build(init.seed)
+    algorithm = Uploads(teacher_backbone=init.algorithm.teacher_backbone)
+    runner = Runner(federation, algorithm, init.clients, rounds=1, seed=init.seed, transformations=init.transformations,
+                    trainer=init.trainer, executor=init.executor, communication=init.communication)
+    try:
+        runner.pretrain(round0, _round0_key(cfg, runner.executor.threads))
+        runner.train_round(1)
+    finally:
+        runner.executor.close()
+    uploads = torch.stack([algorithm.got[i] for i in sorted(algorithm.got)])
+    d, groups = pairwise_distances(uploads), np.asarray(federation.partition.groups)
+    hard = pairwise_distances(uploads, "l1_hard")
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp.npz")
+    np.savez(tmp, distances=d, groups=groups, distances_hard=hard)
+    tmp.replace(target)  # atomic: a reader sees no file or the whole one
+    return d, groups, hard

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from cosmos_pl.clustering import (
+    cluster_clients,
     greedy_clustering,
     otsu_threshold,
     pairwise_distances,
@@ -30,6 +31,18 @@ def test_l1_distance_per_public_sample_by_hand():
     assert d[0, 1] == pytest.approx(1.0)
     # f0 vs f2: 1.0 per sample -> 1.0 ; f1 vs f2: sample0 1.0, sample1 1.0 -> 1.0
     assert d[0, 2] == pytest.approx(1.0) and d[1, 2] == pytest.approx(1.0)
+    assert np.allclose(d, d.T) and np.all(np.diag(d) == 0)
+
+
+def test_l1_hard_counts_the_public_samples_labelled_differently_by_hand():
+    f0 = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # labels 0, 1
+    f1 = torch.tensor([[0.0, 1.0], [0.0, 1.0]])  # 1, 1
+    f2 = torch.tensor([[0.5, 0.5], [0.4, 0.6]])  # 0 (a tie goes to the lower class), 1
+    f3 = torch.tensor([[0.9, 0.1], [0.45, 0.55]])  # 0, 1: soft 0.8 + 0.9 from f0, but the same labels
+    d = pairwise_distances(torch.stack([f0, f1, f2, f3]), "l1_hard")
+    # one of two samples labelled differently: 2 * 1/2 = 1.0; none: 0
+    assert d[0, 1] == pytest.approx(1.0) and d[0, 2] == 0 and d[1, 2] == pytest.approx(1.0) and d[0, 3] == 0
+    assert pairwise_distances(torch.stack([f0, f3]))[0, 1] == pytest.approx((0.2 + 0.9) / 2)  # soft differs
     assert np.allclose(d, d.T) and np.all(np.diag(d) == 0)
 
 
@@ -75,8 +88,10 @@ def test_bad_b0_is_rejected():
         greedy_clustering(CHAIN, -1.0)
     with pytest.raises(ValueError, match="b0="):
         greedy_clustering(CHAIN, float("nan"))
-    with pytest.raises(ValueError, match="'auto'"):
+    with pytest.raises(ValueError, match="'strict'"):
         resolve_b0("kmeans", CHAIN)
+    with pytest.raises(ValueError, match="'auto' uses no threshold"):
+        resolve_b0("auto", CHAIN)
     with pytest.raises(ValueError, match="b0="):
         resolve_b0(-0.5, CHAIN)
 
@@ -93,7 +108,7 @@ def test_otsu_threshold_by_hand():
     assert resolve_b0("inf", d) == math.inf
 
 
-def test_auto_b0_recovers_planted_groups_from_pseudo_labels_only():
+def test_the_rules_recover_planted_groups_from_pseudo_labels_only():
     rng = np.random.default_rng(0)
     groups = np.repeat(np.arange(3), 4)  # 12 clients in 3 groups
     centers = rng.dirichlet(np.ones(5), size=(3, 50))  # [group, n, M]
@@ -102,8 +117,9 @@ def test_auto_b0_recovers_planted_groups_from_pseudo_labels_only():
         noisy = centers[g] + rng.uniform(0, 0.05, size=centers[g].shape)
         labels.append(noisy / noisy.sum(1, keepdims=True))
     d = pairwise_distances(torch.tensor(np.stack(labels)))
-    clusters = greedy_clustering(d, resolve_b0("auto", d))
+    clusters = greedy_clustering(d, resolve_b0("strict", d))
     assert sorted(clusters) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert cluster_clients("auto", d).clusters == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
 
 
 def test_silhouette_rule_by_hand():
@@ -112,7 +128,8 @@ def test_silhouette_rule_by_hand():
     np.fill_diagonal(pairs, 0)
     pairs[0, 1] = pairs[1, 0] = pairs[2, 3] = pairs[3, 2] = 0.1
     assert silhouette_threshold(pairs) == pytest.approx(0.1)
-    assert greedy_clustering(pairs, resolve_b0("auto", pairs)) == [[0, 1], [2, 3]]
+    assert greedy_clustering(pairs, resolve_b0("strict", pairs)) == [[0, 1], [2, 3]]
+    assert cluster_clients("auto", pairs).clusters == [[0, 1], [2, 3]]
     assert silhouette_threshold(np.array([[0.0, 1.0], [1.0, 0.0]])) == math.inf  # N=2: no silhouette, one cluster
 
 
@@ -124,5 +141,6 @@ def test_silhouette_rule_finds_a_gap_that_otsu_misses():
     for i in range(9):
         for j in range(i + 1, 9):
             d[i, j] = d[j, i] = rng.uniform(0.3, 1.0) if groups[i] == groups[j] else rng.uniform(1.1, 1.3)
-    found = greedy_clustering(d, resolve_b0("auto", d))
+    found = greedy_clustering(d, resolve_b0("strict", d))
     assert sorted(found) == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert cluster_clients("auto", d).clusters == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]

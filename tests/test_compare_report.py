@@ -182,3 +182,34 @@ def test_the_validation_column_is_the_final_rounds_validation_accuracy_over_seed
         table = {r["algorithm"]: r for r in csv.DictReader(f)}
     assert float(table["cosmos"]["final_val_top1_mean"]) == pytest.approx(0.87, abs=1e-6)
     assert table["local"]["final_val_top1_mean"] == ""
+
+
+def test_the_tables_say_how_cosmos_clustered_and_when_a_seed_fell_back(tmp_path):
+    # COSMOS over 3 seeds of 10 clients: seeds 0 and 2 found the 5 groups (ARI 1.0), seed 1 kept no cluster (K = N =
+    # 10, weak structure, ARI 0.0); COMET's K is given (no structure to judge), local-only does not cluster.
+    def cosmos(seed, k, ari, weak):
+        return PairResult("cosmos", seed, [0.6, 0.7, 0.8 if k == 5 else 0.59], "cluster teacher h_pi(i)", COMM,
+                          clusters={"K": k, "N": 10, "weak": weak, "ari": ari})
+
+    pairs = [cosmos(0, 5, 1.0, False), cosmos(1, 10, 0.0, True), cosmos(2, 5, 1.0, False)]
+    pairs += [PairResult("comet", s, [0.6, 0.7, 0.75], "client model f_i", COMM,
+                         clusters={"K": 5, "N": 10, "weak": None, "ari": a}) for s, a in ((0, 0.8), (1, 0.6), (2, 1.0))]
+    pairs += [PairResult("local", s, [0.6, 0.6, 0.6], "client model f_i", COMM) for s in range(3)]
+    rows = {r.algorithm: r for r in write_report(pairs, tmp_path, "made-up")}
+    assert rows["cosmos"].clustering.alone_seeds == [1] and rows["cosmos"].clustering.weak_seeds == [1]
+    md = (tmp_path / "comparison.md").read_text()
+    # K: mean (5 + 10 + 5) / 3 = 6.7, the weak seed starred; ARI: mean (1 + 0 + 1) / 3 = 0.67
+    assert md.count("| K 6.7 (5, 10*, 5); ARI 0.67 (1.00, 0.00, 1.00) |") == 1
+    assert "| K 5.0 (5, 5, 5); ARI 0.80 (0.80, 0.60, 1.00) |" in md  # COMET: (0.8 + 0.6 + 1.0) / 3
+    local_line = next(line for line in md.splitlines() if line.startswith("| local"))
+    assert local_line.endswith("| - |")  # no clusters column for an algorithm that does not cluster
+    assert ("- cosmos, seed 1: no two clients shared a cluster (K = N): every client distilled a teacher of its own, "
+            "so this row shows teachers of one client each, not cluster teachers.") in md
+    assert "comet, seed" not in md  # COMET reports no structure: nothing to say
+    with open(tmp_path / "comparison.csv") as f:
+        table = {r["algorithm"]: r for r in csv.DictReader(f)}
+    assert table["cosmos"]["clusters_K_per_seed"] == "5 10 5" and table["cosmos"]["clusters_alone_seeds"] == "1"
+    assert table["cosmos"]["clusters_weak_seeds"] == "1"
+    assert float(table["cosmos"]["clusters_K_mean"]) == pytest.approx(20 / 3)
+    assert float(table["cosmos"]["clusters_ari_mean"]) == pytest.approx(2 / 3)
+    assert table["local"]["clusters_K_mean"] == "" and table["local"]["clusters_ari_per_seed"] == ""

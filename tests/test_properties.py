@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from cosmos_pl.aggregation import AGGREGATIONS, aggregate
-from cosmos_pl.clustering import greedy_clustering, pairwise_distances, resolve_b0
+from cosmos_pl.clustering import cluster_clients, pairwise_distances
 from cosmos_pl.data import dirichlet, group_dirichlet, iid
 from cosmos_pl.errors import DataError, DivergenceError, UserError
 
@@ -141,7 +141,7 @@ def test_distance_matrix_is_a_finite_symmetric_dissimilarity(data, metric):
 
 
 @FAST
-@given(data=uploads(), b0=st.one_of(st.sampled_from(["auto", "otsu", "inf"]), st.floats(0.0, 2.5)),
+@given(data=uploads(), b0=st.one_of(st.sampled_from(["auto", "strict", "otsu", "inf"]), st.floats(0.0, 2.5)),
        rule=st.sampled_from(AGGREGATIONS))
 # found by hypothesis 6.100: the lower median of [1, 0] and [1e-19, 1] sums to 1e-19 and was left off the simplex
 @example(data=(torch.tensor([[[1.0, 0.0]], [[1e-19, 1.0]]]), [0, 1]), b0="auto", rule="median")
@@ -150,9 +150,9 @@ def test_distance_matrix_is_a_finite_symmetric_dissimilarity(data, metric):
 def test_every_client_in_exactly_one_cluster_and_no_nan(data, b0, rule):
     p, source = data
     d = pairwise_distances(p)
-    threshold = resolve_b0(b0, d)
-    assert not math.isnan(threshold) and threshold >= 0
-    clusters = greedy_clustering(d, threshold)
+    found = cluster_clients(b0, d)
+    assert found.b0 is None if b0 == "auto" else (not math.isnan(found.b0) and found.b0 >= 0)
+    clusters = found.clusters
     members = sorted(i for c in clusters for i in c)
     assert members == list(range(p.shape[0])) and all(clusters)  # each exactly once, no empty cluster
     cluster_of = {i: k for k, c in enumerate(clusters) for i in c}

@@ -1,16 +1,19 @@
-"""Rules that choose the threshold B0 of Algorithm 1 from the client distances alone (never from group ids,
-pitfall 3): ``auto`` (the best silhouette among the clusterings that separate their clusters, if it reaches
-0.25; else every client alone), ``silhouette`` (the best silhouette among all), ``otsu``, ``inf``, or a number;
-and :func:`structure`, how clearly a clustering separates the clients.
+"""Rules that choose the threshold B0 of Algorithm 1 from the client distances alone (never from group ids):
+``strict`` (the best silhouette among the clusterings that separate their clusters over the whole federation, if it
+reaches 0.25; else every client alone: the default before ``auto``), ``silhouette`` (the best silhouette among
+all), ``otsu``, ``inf``, or a number; and :func:`structure`, how clearly a clustering separates the clients. The
+default, ``auto``, chooses no threshold (:mod:`cosmos_pl.clustering.per_cluster`).
 
-Measured: ``cosmos-pl fit`` with each config as shipped (``--rounds`` its own: 2), one torch thread,
-seeds 0-9; K and the adjusted Rand index (ARI) against the true groups come from the PTC round's distances; the last
-number is the final teacher h_pi(i) minus local-only (round 0), in points of mean accuracy; * marks weak structure
-(:attr:`Structure.weak`). ``separated`` is ``auto`` without its silhouette floor (tried, not offered).
+Measured at 10 clients with these rules (``cosmos-pl fit`` with each config as shipped, ``--rounds`` its own: 2,
+one torch thread, seeds 0-9, on an earlier machine; ``auto`` then meant today's ``strict``); K and the adjusted Rand
+index (ARI) against the true groups come from the PTC round's distances; the last number is the final teacher
+h_pi(i) minus local-only (round 0), in points of mean accuracy; * marks weak structure as it was then defined
+(any overlap of within- and between-cluster distances counted). ``separated`` is ``strict`` without its silhouette
+floor (tried, not offered). README's "Choosing B0" has the same configs under ``auto`` and at 20 and 40 clients.
 
   digits_smoke (10 clients, 5 groups, 8x8 digits: weakly separated uploads):
 
-    seed | silhouette          | otsu                | separated           | auto
+    seed | silhouette          | otsu                | separated           | strict
        0 | K  5  1.00 +12.6  | K  4 -0.03 -26.4* | K  5  1.00 +12.6  | K  5  1.00 +12.6
        1 | K  2  0.00 -35.4* | K  4 -0.03 -30.0* | K  8  0.24  -2.3* | K 10  0.00  -2.3*
        2 | K  2  0.00 -43.0* | K  5 -0.08 -28.2* | K  9 -0.04  -2.4* | K 10  0.00  -1.3*
@@ -23,14 +26,14 @@ number is the final teacher h_pi(i) minus local-only (round 0), in points of mea
        9 | K  2  0.00 -33.7* | K  5 -0.08 -22.4* | K  8 -0.09  -9.1* | K 10  0.00  -0.2*
 
   digits_smoke, mean / worst over seeds: silhouette -23.3 / -43.0 (ARI 1.0 in 1 of 10), otsu -28.5 / -33.8 (0 of
-  10), separated -7.0 / -28.7 (1 of 10), auto +0.4 / -2.8 (1 of 10).
+  10), separated -7.0 / -28.7 (1 of 10), strict +0.4 / -2.8 (1 of 10).
 
   fmnist_quickstart (10 clients, 5 groups): every rule recovers the groups (ARI 1.0) in 9 of 10 seeds, mean +2.8,
-  worst +1.8; in seed 1 silhouette merges two groups (K 4, ARI 0.67, +3.0), otsu, separated and auto find K 6
-  (ARI 0.88, +3.1). No seed is weak under auto.
+  worst +1.8; in seed 1 silhouette merges two groups (K 4, ARI 0.67, +3.0), otsu, separated and strict find K 6
+  (ARI 0.88, +3.1). No seed is weak under strict.
 
   cifar10_subset (20 clients, 5 groups, real CIFAR-10), its first round (PTC, ``--rounds 1``), seeds 0-2: every
-  rule finds the same clustering, K 5, ARI 1.00, silhouette 0.659 / 0.602 / 0.650 (B0 auto 1.071 / 1.268 / 0.961,
+  rule finds the same clustering, K 5, ARI 1.00, silhouette 0.659 / 0.602 / 0.650 (B0 strict 1.071 / 1.268 / 0.961,
   silhouette 0.708 / 1.024 / 0.658, otsu 1.269 / 1.185 / 1.182), so one run per seed stands for every rule:
   teacher minus local-only +0.7 / +7.6 / +7.1 (local-only 0.6066 / 0.6917 / 0.6402). No seed is weak.
 """
@@ -45,24 +48,25 @@ import numpy as np
 
 from cosmos_pl.clustering.greedy import greedy_labels
 
-__all__ = ["otsu_threshold", "silhouette_threshold", "separated_threshold", "silhouette", "structure", "Structure",
-           "resolve_b0", "B0", "RULES", "EXHAUSTIVE_CANDIDATES", "WEAK_SILHOUETTE"]
+__all__ = ["otsu_threshold", "silhouette_threshold", "separated_threshold", "silhouette", "silhouettes",
+           "structure", "Structure", "resolve_b0", "B0", "RULES", "EXHAUSTIVE_CANDIDATES", "WEAK_SILHOUETTE"]
 
-B0 = Union[float, Literal["auto", "silhouette", "otsu", "inf"]]
+B0 = Union[float, Literal["auto", "strict", "silhouette", "otsu", "inf"]]
 
 #: Below this mean silhouette a clustering shows "no substantial structure" (Kaufman and Rousseeuw, 1990, Ch. 2).
 WEAK_SILHOUETTE = 0.25
 
-# ``auto`` tries every distinct distance while there are at most this many (N <= 64 clients); above, it searches
+# ``silhouette`` tries every distinct distance while there are at most this many (N <= 64 clients); above, it searches
 # coarse to fine (see silhouette_threshold).
 EXHAUSTIVE_CANDIDATES = 2048
 _GRID = 256
 
 
-def silhouette(distances: np.ndarray, labels: np.ndarray) -> float:
-    """Mean silhouette (Rousseeuw, 1987) of ``labels`` ``[N]`` on a precomputed ``[N, N]`` distance matrix, as
-    ``sklearn.metrics.silhouette_score(..., metric="precomputed")`` defines it (a client alone in its cluster
-    scores 0), in O(N^2).
+def silhouettes(distances: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Each client's silhouette (Rousseeuw, 1987) ``[N]`` under cluster ``labels`` ``[N]`` (0..K-1) on a
+    precomputed ``[N, N]`` distance matrix: ``(b - a) / max(a, b)`` with a the mean distance to the other clients
+    of its cluster and b the smallest mean distance to another cluster; 0 for a client alone, as
+    ``sklearn.metrics.silhouette_samples(..., metric="precomputed")``. O(N^2).
 
     Raises:
         ValueError: fewer than 2 or more than N - 1 clusters (the silhouette is undefined).
@@ -72,9 +76,10 @@ def silhouette(distances: np.ndarray, labels: np.ndarray) -> float:
     k = len(counts)
     if not 2 <= k <= n - 1:
         raise ValueError(f"the silhouette needs 2 <= K <= N - 1 clusters, got K={k} for N={n}")
-    order = np.argsort(labels, kind="stable")
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    sums = np.add.reduceat(distances[:, order], starts, axis=1)  # [N, K]: distance from each client to each cluster
+    # [N, K]: distance from each client to each cluster; clients already in label order need no reordered copy
+    ordered = distances if bool(np.all(labels[1:] >= labels[:-1])) else distances[:, np.argsort(labels, kind="stable")]
+    sums = np.add.reduceat(ordered, starts, axis=1)
     rows = np.arange(n)
     with np.errstate(divide="ignore", invalid="ignore"):
         intra = sums[rows, labels] / (counts[labels] - 1)
@@ -82,7 +87,17 @@ def silhouette(distances: np.ndarray, labels: np.ndarray) -> float:
         means[rows, labels] = np.inf
         inter = means.min(axis=1)
         s = (inter - intra) / np.maximum(intra, inter)
-    return float(np.nan_to_num(s).mean())
+    return np.nan_to_num(s)
+
+
+def silhouette(distances: np.ndarray, labels: np.ndarray) -> float:
+    """Mean silhouette of ``labels`` ``[N]`` (:func:`silhouettes`), as ``sklearn.metrics.silhouette_score(...,
+    metric="precomputed")`` defines it (a client alone in its cluster scores 0), in O(N^2).
+
+    Raises:
+        ValueError: fewer than 2 or more than N - 1 clusters (the silhouette is undefined).
+    """
+    return float(silhouettes(distances, labels).mean())
 
 
 @dataclass(frozen=True)
@@ -91,9 +106,13 @@ class Structure:
 
     Attributes:
         K: the number of clusters; N: the number of clients.
-        silhouette: the mean silhouette (:func:`silhouette`), None where K = 1 or K = N (undefined).
+        silhouette: the mean silhouette over all clients (:func:`silhouette`; a client alone scores 0), None where
+            K = 1 or K = N (undefined).
         within_max: the farthest distance between two clients of one cluster (0 when every cluster has one client).
         between_min: the nearest distance between clients of different clusters (inf when K = 1).
+        alone: the clients alone in their cluster (a teacher of their own).
+        clustered_silhouette: the mean silhouette of the clients that share a cluster (None when none do, or K = 1).
+        weakest: the lowest mean silhouette of a cluster of two or more clients (None when there is none, or K = 1).
     """
 
     K: int
@@ -101,6 +120,9 @@ class Structure:
     silhouette: Optional[float]
     within_max: float
     between_min: float
+    alone: int = 0
+    clustered_silhouette: Optional[float] = None
+    weakest: Optional[float] = None
 
     @property
     def separation(self) -> float:
@@ -115,27 +137,29 @@ class Structure:
 
     @property
     def weak(self) -> bool:
-        """The clustering does not show groups the uploads support (N > 2): its clusters are not separated, its
-        silhouette is below :data:`WEAK_SILHOUETTE`, no two clients were grouped (K = N), or all were (K = 1)."""
-        if self.N <= 2:
-            return False
-        return (not self.separated or self.K in (1, self.N)
-                or (self.silhouette is not None and self.silhouette < WEAK_SILHOUETTE))
+        """The clustering does not show groups the uploads support (N > 2): no two clients were grouped (K = N), all
+        were (K = 1), the clients that share clusters show no substantial structure (their mean silhouette below
+        :data:`WEAK_SILHOUETTE`), or some cluster's clients are on average barely nearer each other than another
+        cluster (its mean silhouette below the ``auto`` rule's floor,
+        :data:`cosmos_pl.clustering.per_cluster.FLOOR`). Overlapping distance ranges alone (not :attr:`separated`)
+        are not weak: with many clients a few pairs overlap in any clustering."""
+        return bool(self.reasons())
 
     def reasons(self) -> list[str]:
         """Why :attr:`weak` holds, in words (empty when it does not)."""
-        if not self.weak:
+        from cosmos_pl.clustering.per_cluster import FLOOR
+
+        if self.N <= 2:
             return []
         out = []
         if self.K == self.N:
             out.append("no two clients share a cluster (K = N)")
         if self.K == 1:
             out.append("one cluster: nothing to compare its clients' distances with")
-        if not self.separated:
-            out.append(f"a cluster holds clients {self.within_max:.3f} apart while clients of different clusters "
-                       f"are {self.between_min:.3f} apart")
-        if self.silhouette is not None and self.silhouette < WEAK_SILHOUETTE:
-            out.append(f"silhouette {self.silhouette:.3f} < {WEAK_SILHOUETTE}")
+        if self.clustered_silhouette is not None and self.clustered_silhouette < WEAK_SILHOUETTE:
+            out.append(f"silhouette of the clustered clients {self.clustered_silhouette:.3f} < {WEAK_SILHOUETTE}")
+        if self.weakest is not None and self.weakest < FLOOR:
+            out.append(f"a cluster's mean silhouette is {self.weakest:.3f} < {FLOOR}")
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -145,22 +169,32 @@ class Structure:
 
         return {"silhouette": num(self.silhouette), "within_max": num(self.within_max),
                 "between_min": num(self.between_min), "separation": num(self.separation),
-                "separated": self.separated, "weak": self.weak}
+                "separated": self.separated, "alone": self.alone,
+                "clustered_silhouette": num(self.clustered_silhouette), "weakest_cluster_silhouette": num(self.weakest),
+                "weak": self.weak}
 
 
 def structure(distances: np.ndarray, labels: np.ndarray) -> Structure:
-    """:class:`Structure` of cluster ``labels`` ``[N]`` (0..K-1) on the ``[N, N]`` client distances. O(N^2)."""
+    """:class:`Structure` of cluster ``labels`` ``[N]`` on the ``[N, N]`` client distances. O(N^2)."""
     d = np.asarray(distances, dtype=float)
-    labels = np.asarray(labels)
+    labels = np.unique(np.asarray(labels), return_inverse=True)[1]
     n = len(labels)
     same = labels[:, None] == labels[None, :]
     off = ~np.eye(n, dtype=bool)
     within = d[same & off]
     between = d[~same]
-    k = int(len(np.unique(labels)))
-    sil = silhouette(d, np.unique(labels, return_inverse=True)[1]) if 2 <= k <= n - 1 else None
+    counts = np.bincount(labels)
+    k = len(counts)
+    sil = clustered = weakest = None
+    if 2 <= k <= n - 1:
+        s = silhouettes(d, labels)
+        sil = float(s.mean())
+        shared = counts[labels] > 1
+        if shared.any():
+            clustered = float(s[shared].mean())
+            weakest = float(min(s[labels == c].mean() for c in np.flatnonzero(counts > 1)))
     return Structure(k, n, sil, float(within.max()) if within.size else 0.0,
-                     float(between.min()) if between.size else math.inf)
+                     float(between.min()) if between.size else math.inf, int((counts == 1).sum()), clustered, weakest)
 
 
 def otsu_threshold(distances: np.ndarray) -> float:
@@ -239,7 +273,7 @@ def _best_threshold(distances: np.ndarray) -> Optional[float]:
 
 
 def silhouette_threshold(distances: np.ndarray) -> float:
-    """The ``silhouette`` rule for B0 (the ``auto`` rule of earlier cosmos-pl releases): the threshold whose
+    """The ``silhouette`` rule for B0 (the default of earlier cosmos-pl releases): the threshold whose
     Algorithm 1 clustering has the best silhouette score.
 
     Candidates are the distinct off-diagonal distances (Algorithm 1's result changes only there). With at most
@@ -248,8 +282,8 @@ def silhouette_threshold(distances: np.ndarray) -> float:
     distances, then again between the best one's neighbours, until the interval holds at most 256 distances,
     which are all tried (about 600 clusterings at N = 500). Only clusterings with 2 <= K <= N-1 have a
     silhouette; if none exists (N <= 2) B0 = inf (one cluster). Ties go to the smaller B0. It reads only the
-    pseudo-label distances, never group ids (pitfall 3). Limit: it always finds at least two clusters when it
-    can, and on weakly separated clients it often merges groups (see the module's table); ``auto`` does not.
+    pseudo-label distances, never group ids. Limit: it always finds at least two clusters when it can, and on
+    weakly separated clients it often merges groups (see the module's table); ``strict`` and ``auto`` do not.
 
     Args:
         distances: ``[N, N]`` symmetric client distances.
@@ -312,7 +346,8 @@ def _separated_candidates(d: np.ndarray) -> list[float]:
 
 
 def separated_threshold(distances: np.ndarray) -> float:
-    """The ``auto`` rule for B0: the best silhouette among the Algorithm 1 clusterings whose clusters are separated
+    """The ``strict`` rule for B0 (the default before ``auto``): the best silhouette among the Algorithm 1 clusterings
+    whose clusters are separated
     (every within-cluster distance below every between-cluster distance, :attr:`Structure.separated`), if that
     silhouette reaches :data:`WEAK_SILHOUETTE`; otherwise 0, every client alone (only identical clients share a
     cluster).
@@ -322,11 +357,10 @@ def separated_threshold(distances: np.ndarray) -> float:
     pseudo-labels on U). So the rule merges clients only where the distances show groups clearly, and a run
     reports the fallback as weak structure (:attr:`Structure.weak`). The separated clusterings are found exactly
     (:func:`_separated_candidates`, at most N - 1 of them, for any N); ties go to the smaller B0. N <= 2: B0 = inf
-    (one cluster), as the silhouette rule. It reads only the pseudo-label distances (pitfall 3). Limit: separation
-    is strict, so when the within-group and between-group distance ranges overlap even for one pair (more likely
-    with hundreds of clients: 5 groups of 100 at 0.1-0.6 within and 0.5-1.2 between fall back to every client
-    alone, where ``silhouette`` finds the 5 groups), the run reports weak structure; pass ``silhouette`` or a
-    number there.
+    (one cluster), as the silhouette rule. It reads only the pseudo-label distances. Limit: separation is over the
+    whole federation, so when the within-group and between-group distance ranges overlap even for one pair (more
+    likely with more clients: Fashion-MNIST at 20 and 40 clients, 5 groups of 100 at 0.1-0.6 within and 0.5-1.2
+    between) every client is left alone, where ``auto`` keeps the clusters the uploads support.
 
     Args:
         distances: ``[N, N]`` symmetric client distances.
@@ -347,21 +381,22 @@ def separated_threshold(distances: np.ndarray) -> float:
 
 #: The named rules of :func:`resolve_b0`.
 RULES: dict[str, Callable[[np.ndarray], float]] = {
-    "auto": separated_threshold, "silhouette": silhouette_threshold, "otsu": otsu_threshold,
+    "strict": separated_threshold, "silhouette": silhouette_threshold, "otsu": otsu_threshold,
     "inf": lambda _: math.inf}
 
 
 def resolve_b0(b0: B0, distances: np.ndarray) -> float:
-    """A configured B0 as a float: a number >= 0, ``"inf"`` (one cluster), ``"auto"`` (:func:`separated_threshold`),
-    ``"silhouette"`` (:func:`silhouette_threshold`) or ``"otsu"`` (:func:`otsu_threshold`).
+    """A configured threshold B0 as a float: a number >= 0, ``"inf"`` (one cluster), ``"strict"``
+    (:func:`separated_threshold`), ``"silhouette"`` (:func:`silhouette_threshold`) or ``"otsu"``
+    (:func:`otsu_threshold`). The default ``auto`` chooses no threshold (:func:`cosmos_pl.clustering.cluster_clients`).
 
     Raises:
         ValueError: an unknown string or a negative number, naming the value and the fix.
     """
     if isinstance(b0, str):
         if b0 not in RULES:
-            raise ValueError(f"b0={b0!r}: give a number >= 0, 'inf', 'auto' (separated clusters, best silhouette), "
-                             "'silhouette' or 'otsu'")
+            raise ValueError(f"b0={b0!r}: a threshold rule is a number >= 0, 'inf', 'strict' (separated clusters, "
+                             "best silhouette), 'silhouette' or 'otsu' ('auto' uses no threshold: cluster_clients)")
         return RULES[b0](distances)
     b0 = float(b0)
     if math.isnan(b0) or b0 < 0:

@@ -38,7 +38,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from cosmos_pl.algorithms import COSMOS, algorithm_class
 from cosmos_pl.class_groups import parse_args
 from cosmos_pl.compare.grid import parse_grid, plan_grid, print_grid_plan, run_grid
-from cosmos_pl.compare.report import PairResult, write_report
+from cosmos_pl.compare.report import PairResult, clustering_of, write_report
 from cosmos_pl.config import CompareConfig, check_seed, validate_config
 from cosmos_pl.errors import ConfigError, check
 from cosmos_pl.federated import checkpoint
@@ -232,7 +232,8 @@ def _result(pair: Pair, error: Optional[str]) -> PairResult:
     val = [float(r["personalized_val_acc_mean"]) for r in rows if r.get("personalized_val_acc_mean")]
     return PairResult(pair.algorithm, pair.seed, rounds, summary["scored_model"], summary["communication"],
                       rounds_top5=top5 if len(top5) == len(rounds) else [],
-                      rounds_val=val if len(val) == len(rounds) else [])
+                      rounds_val=val if len(val) == len(rounds) else [],
+                      clusters=clustering_of(summary))
 
 
 def run_compare(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser,

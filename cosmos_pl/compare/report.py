@@ -10,7 +10,12 @@ whose interval lies above 0 (on the COSMOS row: every baseline's does). The seed
 itself cancels in the paired difference, so ‡ can hold where † does not.
 
 With fewer than 2 seeds there is no SEM and no interval ("n/a") and no mark: one seed says nothing about the
-spread. The headline metric (``headline_metric``: top-1, or top-5 as the paper reports Tiny ImageNet) decides every
+spread.
+
+For an algorithm that clusters (COSMOS, COMET) the tables also say how: K per seed and its mean, the seeds whose
+clustering showed weak structure (COSMOS: :attr:`cosmos_pl.clustering.Structure.weak`), the adjusted Rand index
+against the true groups where the run is a simulation, and in words every seed where COSMOS kept no cluster (K = N,
+every client distilling a teacher of its own), so a COSMOS row level with local-only says why. The headline metric (``headline_metric``: top-1, or top-5 as the paper reports Tiny ImageNet) decides every
 number and mark; the other metric's final round stands beside it where the runs recorded it.
 """
 
@@ -27,7 +32,7 @@ from cosmos_pl.files import atomic_write_text
 from cosmos_pl.report import METRIC_LABEL, mean_sem, round_figure, save_round_figure
 
 __all__ = ["PairResult", "AlgorithmRow", "summarize", "overlaps", "paired_interval", "write_report",
-           "comparison_markdown", "communication_markdown"]
+           "comparison_markdown", "communication_markdown", "clustering_of", "Clustering"]
 
 _OTHER = {"top1": "top5", "top5": "top1"}
 
@@ -45,6 +50,7 @@ class PairResult:
         rounds_top5: the same for top-5 accuracy (empty when the run did not record it: fewer than 20 classes).
         rounds_val: the same for top-1 accuracy on the clients' validation splits (empty without one): what a
             setting is chosen on.
+        clusters: how the run clustered (:func:`clustering_of`), None for an algorithm without clusters.
     """
 
     algorithm: str
@@ -55,6 +61,7 @@ class PairResult:
     error: Optional[str] = None
     rounds_top5: list[float] = field(default_factory=list)
     rounds_val: list[float] = field(default_factory=list)
+    clusters: Optional[dict[str, Any]] = None
 
     def series(self, metric: str) -> list[float]:
         """Per-round mean personalized accuracy in ``metric`` (``top1`` or ``top5``)."""
@@ -79,6 +86,46 @@ class AlgorithmRow:
     paired_above_zero: bool = False  # the paired 95% interval lies above 0 (‡)
     other_final: Optional[dict[str, float]] = None
     val_final: Optional[dict[str, float]] = None
+    clustering: Optional[Clustering] = None
+
+
+def clustering_of(summary: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """A run's clustering from its summary.json: ``{"K", "N", "weak", "ari"}`` (``weak`` None where the algorithm
+    reports no structure, ``ari`` None outside a simulation), or None for an algorithm that does not cluster."""
+    info = summary.get("clusters") or {}
+    if info.get("K") is None:
+        return None
+    structure = info.get("structure") or {}
+    return {"K": int(info["K"]), "N": len(info.get("assignment") or []) or summary.get("num_clients"),
+            "weak": structure.get("weak"), "ari": info.get("adjusted_rand_index")}
+
+
+@dataclass
+class Clustering:
+    """How an algorithm's runs clustered, seed by seed (in the order of :attr:`AlgorithmRow.seeds`)."""
+
+    K: list[int]
+    N: list[int]
+    weak: list[Optional[bool]]
+    ari: list[Optional[float]]
+    seeds: list[int]
+
+    @property
+    def alone_seeds(self) -> list[int]:
+        """Seeds where no two clients shared a cluster (K = N)."""
+        return [s for s, k, n in zip(self.seeds, self.K, self.N) if n and k == n]
+
+    @property
+    def weak_seeds(self) -> list[int]:
+        return [s for s, w in zip(self.seeds, self.weak) if w]
+
+    def cell(self) -> str:
+        """``K 5.0 (5, 5, 10*); ARI 0.93 (1.00, 0.80, 0.00)``: * marks a seed with weak structure."""
+        ks = ", ".join(f"{k}{'*' if w else ''}" for k, w in zip(self.K, self.weak))
+        text = f"K {sum(self.K) / len(self.K):.1f} ({ks})"
+        if all(a is not None for a in self.ari):
+            text += f"; ARI {sum(self.ari) / len(self.ari):.2f} ({', '.join(f'{a:.2f}' for a in self.ari)})"
+        return text
 
 
 def overlaps(a: dict[str, float], b: dict[str, float]) -> bool:
@@ -128,7 +175,10 @@ def summarize(pairs: list[PairResult], reference: str = "cosmos", metric: str = 
             local_only=mean_sem([p.series(metric)[0] for p in done]) if done else nan,
             failed=failed,
             other_final=mean_sem([o[-1] for o in other]) if done and all(len(o) > 1 for o in other) else None,
-            val_final=mean_sem([v[-1] for v in val]) if done and all(len(v) > 1 for v in val) else None))
+            val_final=mean_sem([v[-1] for v in val]) if done and all(len(v) > 1 for v in val) else None,
+            clustering=Clustering([p.clusters["K"] for p in done], [p.clusters["N"] for p in done],
+                                  [p.clusters["weak"] for p in done], [p.clusters["ari"] for p in done],
+                                  [p.seed for p in done]) if done and all(p.clusters for p in done) else None))
     ref = next((r for r in rows if r.algorithm == reference and r.seeds), None)
     if ref is not None:
         others = [r for r in rows if r is not ref and r.seeds]
@@ -170,25 +220,45 @@ def comparison_markdown(rows: list[AlgorithmRow], title: str, metric: str = "top
              "interval lies above 0; ‡ on COSMOS: every baseline's does. "
              "Best round is reported beside final and never used to select anything. "
              "Validation: the final round's top-1 accuracy on the clients' validation splits, what a setting is "
-             "chosen on.", ""]
+             "chosen on. Clusters (algorithms that cluster): K per seed and its mean, * where the clustering showed "
+             "weak structure, and the adjusted Rand index against the true groups (a simulation's).", ""]
     if few:
         lines += [f"With fewer than 2 seeds ({', '.join(few)}) there is no SEM and no interval (n/a) and no mark: one "
                   "seed says nothing about the seed-to-seed spread.", ""]
     lines += [f"| algorithm | scored model | seeds | final round ({label}) | best round | local-only (round 0) | "
-              f"COSMOS - this | 95% interval | final round ({other}) | validation (top-1) |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              f"COSMOS - this | 95% interval | final round ({other}) | validation (top-1) | clusters |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         marks = ("†" if r.dagger else "") + ("‡" if r.paired_above_zero else "")
         name = r.algorithm + (f" {marks}" if marks else "")
         seeds = ",".join(map(str, r.seeds)) or "-"
         lines.append(f"| {name} | {r.scored_model or '-'} | {seeds} | {_pm(r.final)} | {_pm(r.best)} | "
                      f"{_pm(r.local_only)} | {_pm(r.paired)} | {_interval(r.paired)} | {_pm(r.other_final)} | "
-                     f"{_pm(r.val_final)} |")
+                     f"{_pm(r.val_final)} | {r.clustering.cell() if r.clustering else '-'} |")
+    said = [_fallback_words(r) for r in rows if r.clustering and (r.clustering.alone_seeds or r.clustering.weak_seeds)]
+    if said:
+        lines += [""] + [f"- {words}" for words in said]
     failures = [(r.algorithm, f) for r in rows for f in r.failed]
     if failures:
         lines += ["", "Failed pairs (not averaged):", ""]
         lines += [f"- {alg}, {f}" for alg, f in failures]
     return "\n".join(lines) + "\n"
+
+
+def _fallback_words(r: AlgorithmRow) -> str:
+    """The sentence under the table for a clustering row whose runs fell back or showed weak structure."""
+    c = r.clustering
+    parts = []
+    if c.alone_seeds:
+        seeds = ", ".join(map(str, c.alone_seeds))
+        parts.append(f"seed{'s' if len(c.alone_seeds) > 1 else ''} {seeds}: no two clients shared a cluster "
+                     "(K = N): every client distilled a teacher of its own, so this row shows teachers of one client "
+                     "each, not cluster teachers")
+    others = [s for s in c.weak_seeds if s not in c.alone_seeds]
+    if others:
+        parts.append(f"seed{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}: weak cluster structure "
+                     "(the run's clusters.json says why)")
+    return f"{r.algorithm}, " + "; ".join(parts) + "."
 
 
 def _csv(rows: list[AlgorithmRow], metric: str = "top1") -> str:
@@ -203,15 +273,25 @@ def _csv(rows: list[AlgorithmRow], metric: str = "top1") -> str:
                 "best_sem", "local_only_mean", "local_only_sem", "dagger", "failed_pairs", "paired_diff_mean",
                 "paired_diff_sem", "paired_diff_ci95_low", "paired_diff_ci95_high", "paired_above_zero",
                 f"final_{_OTHER[metric]}_mean", f"final_{_OTHER[metric]}_sem", "final_val_top1_mean",
-                "final_val_top1_sem"])
+                "final_val_top1_sem", "clusters_K_mean", "clusters_K_per_seed", "clusters_weak_seeds",
+                "clusters_alone_seeds", "clusters_ari_mean", "clusters_ari_per_seed"])
     for r in rows:
         w.writerow([r.algorithm, r.scored_model, metric, " ".join(map(str, r.seeds)),
                     num(r.final, "mean"), num(r.final, "sem"), num(r.best, "mean"), num(r.best, "sem"),
                     num(r.local_only, "mean"), num(r.local_only, "sem"), int(r.dagger), len(r.failed),
                     num(r.paired, "mean"), num(r.paired, "sem"), num(r.paired, "low"), num(r.paired, "high"),
                     int(r.paired_above_zero), num(r.other_final, "mean"), num(r.other_final, "sem"),
-                    num(r.val_final, "mean"), num(r.val_final, "sem")])
+                    num(r.val_final, "mean"), num(r.val_final, "sem"), *_cluster_cells(r.clustering)])
     return buf.getvalue()
+
+
+def _cluster_cells(c: Optional[Clustering]) -> list[str]:
+    if c is None:
+        return [""] * 6
+    known = all(a is not None for a in c.ari)
+    return [f"{sum(c.K) / len(c.K):.6f}", " ".join(map(str, c.K)), " ".join(map(str, c.weak_seeds)),
+            " ".join(map(str, c.alone_seeds)), f"{sum(c.ari) / len(c.ari):.6f}" if known else "",
+            " ".join(f"{a:.6f}" for a in c.ari) if known else ""]
 
 
 def communication_markdown(pairs: list[PairResult]) -> str:

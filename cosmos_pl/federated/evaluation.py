@@ -129,6 +129,7 @@ def summarize_run(rows: list[dict[str, Any]], algorithm: Any, headline_metric: s
         "local_only": {"round": 0, **{key: {"mean": rows[0][f"{key}_mean"], "sem": rows[0][f"{key}_sem"]}
                                       for key in ("client_acc", "client_top5") if f"{key}_mean" in rows[0]}},
         "clusters": {"K": clusters_info.get("K"), "b0": clusters_info.get("b0"),
+                     "chosen_by": clusters_info.get("chosen_by"),
                      "assignment": clusters_info.get("assignment"),
                      "adjusted_rand_index": clusters_info.get("adjusted_rand_index"),
                      "structure": clusters_info.get("structure")},

@@ -1,0 +1,87 @@
+"""From a configured ``b0`` to the clients' clusters: the one entry point COSMOS's server step calls.
+
+``b0`` is a number (Algorithm 1 at that threshold B0), a threshold rule (``strict``, ``silhouette``, ``otsu``,
+``inf``: :mod:`~cosmos_pl.clustering.threshold` chooses B0, then Algorithm 1), or ``auto``, the default, which
+clusters cluster by cluster without one threshold (:mod:`~cosmos_pl.clustering.per_cluster`). Every rule reads the
+client distances only, never group ids.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import numpy as np
+
+from cosmos_pl.clustering.greedy import greedy_labels
+from cosmos_pl.clustering.per_cluster import FLOOR, PERSISTENCE, per_cluster_clustering
+from cosmos_pl.clustering.threshold import RULES, resolve_b0
+
+__all__ = ["B0_SETTINGS", "ClientClustering", "check_b0", "cluster_clients"]
+
+#: The named settings of ``algorithm.init_args.b0`` (besides a number >= 0).
+B0_SETTINGS = ("auto", *RULES)
+
+
+@dataclass
+class ClientClustering:
+    """The clusters of one clustering round.
+
+    Attributes:
+        labels: each client's cluster ``[N]`` (0..K-1).
+        rule: the setting that made it (``auto``, ``strict``, ..., or ``number`` for a given B0).
+        b0: Algorithm 1's threshold B0 (None for ``auto``, which uses none).
+        left: (``auto``) the clients that left their cluster for a teacher of their own.
+        dissolved: (``auto``) the clients of the start cut's clusters that were not kept (a teacher of their own).
+        start_k: (``auto``) K of the start cut.
+    """
+
+    labels: np.ndarray
+    rule: str
+    b0: Optional[float] = None
+    left: list[int] = field(default_factory=list)
+    dissolved: list[int] = field(default_factory=list)
+    start_k: Optional[int] = None
+
+    @property
+    def clusters(self) -> list[list[int]]:
+        """Each cluster's clients, sorted, in order of its label."""
+        return [np.flatnonzero(self.labels == k).tolist() for k in range(int(self.labels.max()) + 1)]
+
+    def describe(self) -> str:
+        """How the clusters were chosen, for the run's clustering line."""
+        if self.rule == "auto":
+            return (f"auto: average linkage, start cut K={self.start_k}; a cluster is kept at a mean silhouette >= "
+                    f"{FLOOR} and persistence >= {PERSISTENCE}; left their cluster: {self.left}; alone from "
+                    f"clusters not kept: {self.dissolved}")
+        return f"B0={self.b0:.4f} ({self.rule})"
+
+
+def check_b0(b0: Union[float, str]) -> None:
+    """Raise ValueError naming the allowed values unless ``b0`` is a number >= 0 or one of :data:`B0_SETTINGS`."""
+    if isinstance(b0, str):
+        if b0 not in B0_SETTINGS:
+            raise ValueError(f"b0={b0!r}: give a number >= 0 (Algorithm 1's threshold), 'auto' (cluster by cluster), "
+                             "'strict', 'silhouette', 'otsu' or 'inf'")
+    elif isinstance(b0, bool) or not isinstance(b0, (int, float)) or math.isnan(b0) or b0 < 0:
+        raise ValueError(f"b0={b0!r}: the threshold must be a number >= 0")
+
+
+def cluster_clients(b0: Union[float, str], distances: np.ndarray) -> ClientClustering:
+    """The clients' clusters under the setting ``b0`` (see the module docstring).
+
+    Args:
+        b0: a number >= 0, or one of :data:`B0_SETTINGS`.
+        distances: ``[N, N]`` symmetric client distances.
+
+    Raises:
+        ValueError: a bad ``b0`` (naming the value and what is allowed) or a non-square matrix.
+    """
+    check_b0(b0)
+    if b0 == "auto":
+        found = per_cluster_clustering(distances)
+        return ClientClustering(found.labels, "auto", None, found.left, found.alone_dissolved,
+                                int(found.start.max()) + 1)
+    threshold = resolve_b0(b0, distances)
+    return ClientClustering(greedy_labels(distances, threshold), b0 if isinstance(b0, str) else "number", threshold)

@@ -1,0 +1,235 @@
+"""The default clustering rule, ``b0: auto``: average-linkage clusters, each kept only where its own clients
+support it.
+
+Algorithm 1 with one threshold B0 treats every cluster alike, and a rule that judges the whole clustering at once
+(``strict``) gives up on every cluster when one pair of clients overlaps. This rule decides cluster by cluster,
+from the client distances alone (never from group ids):
+
+1. **A hierarchy.** Average linkage (UPGMA; Sokal and Michener, 1958) over the ``[N, N]`` distances: clusters are
+   merged in order of their mean pairwise distance, so a client that lies between groups does not chain them (as
+   single linkage does) and no cluster is formed around a client that is close to everyone (as Algorithm 1's
+   greedy centre can be).
+2. **A start.** The flat cut of that hierarchy with the best mean silhouette (Rousseeuw, 1987), over
+   ``2 <= K <= N - 1`` (every cut while there are at most :data:`EXHAUSTIVE_CUTS` of them; above, every K up to 48,
+   a geometric grid beyond, and every K around the grid's best).
+3. **Each cluster on its own evidence**, judged against the other clusters of the start (they stay fixed, so one
+   cluster's verdict does not shift another's):
+
+   - a client whose silhouette is negative (on average nearer the clients of another cluster than those of its
+     own) leaves its cluster and keeps a teacher of its own;
+   - the cluster is kept if its clients' mean silhouette reaches :data:`FLOOR` and it is persistent: the hierarchy
+     joins it to the rest at a mean distance at least :data:`PERSISTENCE` times the one at which its own clients
+     were joined (Fred and Jain's lifetime, 2005); otherwise its clients keep teachers of their own.
+
+So an overlapping pair costs at most the clients involved; a client that fits no cluster stays alone without
+sending the others to their own teachers; a cut that joins clients whose uploads disagree (a cluster of every
+client but one, when no group stands out) is dissolved rather than trained as one teacher. Cost: the linkage O(N^2)
+time (nearest-neighbour chain) and memory, each silhouette O(N^2), at most about 2 * :data:`EXHAUSTIVE_CUTS` of
+them (``benchmarks/server_scale.py`` times N = 2,000 and 10,000).
+
+Limits (measured in ``benchmarks/cluster_recovery.py``): groups whose uploads are much closer to each other than to
+the rest (two groups at 0.6 from each other and 1.0 from all others, 0.3 within) can pass as one cluster; clients
+whose uploads agree for a reason other than their data (clients of one architecture that map the classes they never
+saw alike, clients that output their label prior for every sample) look like a group and are clustered as one;
+where groups overlap in most of their pairs it leaves more clients alone than the best threshold would.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["FLOOR", "PERSISTENCE", "EXHAUSTIVE_CUTS", "PerCluster", "per_cluster_clustering"]
+
+#: A cluster is kept when its clients' mean silhouette (against the other clusters) reaches this. Chosen on the
+#: planted federations of ``benchmarks/cluster_recovery.py``: 0.25 split true groups whose uploads overlap in a few
+#: pairs (their silhouettes there are 0.2-0.4), 0.15 kept merged groups at the highest overlap.
+FLOOR = 0.2
+
+#: A cluster is kept only when the hierarchy joins it to the rest at a mean distance at least this many times the
+#: mean distance at which its own clients were joined (its persistence; the lifetime of Fred and Jain, 2005). On
+#: the configs' uploads a cluster of every client but one, formed from disagreeing clients, persisted 1.05-1.14;
+#: true groups 1.35-2.4, and 1.19 and more on the planted federations with overlapping groups.
+PERSISTENCE = 1.2
+
+#: Every cut of the hierarchy is scored while N - 2 <= this; above, a coarse grid of K refined around its best.
+EXHAUSTIVE_CUTS = 128
+
+
+@dataclass
+class PerCluster:
+    """The outcome of :func:`per_cluster_clustering`.
+
+    Attributes:
+        labels: each client's cluster ``[N]`` (0..K-1, in order of each cluster's lowest client).
+        start: the start cut's labels ``[N]`` (the best-silhouette cut of the hierarchy).
+        left: the clients that left their cluster for a teacher of their own (negative silhouette).
+        dissolved: how many clusters of the start were dissolved (mean silhouette below the floor, or not
+            persistent): their clients keep teachers of their own.
+        alone_dissolved: the clients of those clusters.
+    """
+
+    labels: np.ndarray
+    start: np.ndarray
+    left: list[int] = field(default_factory=list)
+    dissolved: int = 0
+    alone_dissolved: list[int] = field(default_factory=list)
+
+
+def _linkage(d: np.ndarray) -> np.ndarray:
+    from scipy.cluster.hierarchy import linkage
+    from scipy.spatial.distance import squareform
+
+    return linkage(squareform(d, checks=False), method="average")
+
+
+def _cut_labels(tree: np.ndarray, k: int) -> np.ndarray:
+    from scipy.cluster.hierarchy import fcluster
+
+    return fcluster(tree, k, criterion="maxclust") - 1
+
+
+def _start_cut(d: np.ndarray, tree: np.ndarray) -> np.ndarray:
+    """The cut with the best mean silhouette over 2 <= K <= N - 1 (ties: the smaller K).
+
+    Every cut's clusters are contiguous in the hierarchy's leaf order, so the distances are put in that order once
+    and each cut's silhouette sums whole column ranges (no copy of the ``[N, N]`` matrix per cut)."""
+    from scipy.cluster.hierarchy import leaves_list
+
+    from cosmos_pl.clustering.threshold import silhouettes
+
+    n = d.shape[0]
+    order = leaves_list(tree)
+    ordered = d[np.ix_(order, order)]
+    scores: dict[int, float] = {}
+
+    def score(k: int) -> float:
+        if k not in scores:
+            labels = _cut_labels(tree, k)[order]
+            run = np.cumsum(np.diff(labels, prepend=-1) != 0) - 1  # each cluster is one run of the leaf order
+            # equal merge heights can give fewer clusters than asked
+            scores[k] = float(silhouettes(ordered, run).mean()) if 2 <= run[-1] + 1 <= n - 1 else -np.inf
+        return scores[k]
+
+    top = n - 1
+    if top - 1 <= EXHAUSTIVE_CUTS:
+        candidates = list(range(2, top + 1))
+    else:  # every small K (few groups is the common case), a geometric grid above, then all K around the best
+        grid = np.unique(np.geomspace(2, top, EXHAUSTIVE_CUTS // 2).astype(int))
+        candidates = sorted(set(range(2, min(top, 48) + 1)) | set(grid.tolist()))
+        best = max(candidates, key=lambda k: (score(k), -k))
+        pos = candidates.index(best)
+        lo, hi = candidates[max(pos - 1, 0)], candidates[min(pos + 1, len(candidates) - 1)]
+        candidates += list(range(lo, hi + 1))
+    best = max(sorted(set(candidates)), key=lambda k: (score(k), -k))
+    if score(best) == -np.inf:  # every merge at one height: no cut has 2 <= K <= N - 1, no cluster to start from
+        return np.arange(n)
+    return _cut_labels(tree, best)
+
+
+def _means_to_clusters(d: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """``[N, K]``: each client's mean distance to the clients of each cluster of ``labels`` (0..K-1). O(N^2)."""
+    counts = np.bincount(labels)
+    order = np.argsort(labels, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return np.add.reduceat(d[:, order], starts, axis=1) / counts
+
+
+def _silhouettes(d: np.ndarray, members: np.ndarray, outside: np.ndarray) -> np.ndarray:
+    """Silhouettes of ``members``: a = mean distance to the other members, b = ``outside`` ``[len(members)]``, the
+    smallest mean distance to another cluster; 0 for a cluster of one."""
+    if len(members) < 2:
+        return np.zeros(len(members))
+    a = d[np.ix_(members, members)].sum(axis=1) / (len(members) - 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.nan_to_num((outside - a) / np.maximum(a, outside))
+
+
+def per_cluster_clustering(distances: np.ndarray, floor: float = FLOOR,
+                           persistence: float = PERSISTENCE) -> PerCluster:
+    """The ``auto`` rule: average-linkage clusters, each kept, trimmed or dissolved on its own evidence (see the
+    module docstring for the steps and their sources).
+
+    Args:
+        distances: ``[N, N]`` symmetric client distances (pseudo-label L1 per public sample, Section 4.1).
+        floor: the smallest mean silhouette a cluster of two or more clients keeps (default :data:`FLOOR`).
+        persistence: the smallest persistence a kept cluster has (default :data:`PERSISTENCE`).
+
+    Returns:
+        :class:`PerCluster`; N <= 2 gives one cluster (nothing to compare the distance with).
+
+    Raises:
+        ValueError: a non-square matrix.
+    """
+    d = np.asarray(distances, dtype=float)
+    if d.ndim != 2 or d.shape[0] != d.shape[1]:
+        raise ValueError(f"distances must be a square [N, N] matrix, got shape {d.shape}")
+    n = d.shape[0]
+    if n <= 2:
+        one = np.zeros(n, dtype=np.int64)
+        return PerCluster(one, one.copy())
+    tree = _linkage(d)
+    start = _start_cut(d, tree)
+    lasting = _persistence(tree, n)
+    means = _means_to_clusters(d, start) if start.max() < n - 1 else np.zeros((n, 0))
+    out = PerCluster(np.empty(n, dtype=np.int64), start)
+    kept: list[np.ndarray] = []
+    for k in range(means.shape[1]):
+        members = np.flatnonzero(start == k)
+        outside = np.delete(means[members], k, axis=1).min(axis=1)  # b against the start's other clusters, fixed
+        s = _silhouettes(d, members, outside)
+        out.left += members[s < 0].tolist()
+        members, outside = members[s >= 0], outside[s >= 0]
+        if len(members) >= 2 and _silhouettes(d, members, outside).mean() >= floor and lasting(members) >= persistence:
+            kept.append(members)
+        else:
+            out.dissolved += len(members) >= 2
+            out.alone_dissolved += members.tolist() if len(members) >= 2 else []
+    alone = np.setdiff1d(np.arange(n), np.concatenate(kept) if kept else np.array([], dtype=np.int64))
+    kept += _identical(d, alone)
+    kept.sort(key=lambda m: int(m.min()))
+    for k, members in enumerate(kept):
+        out.labels[members] = k
+    out.left.sort()
+    return out
+
+
+def _identical(d: np.ndarray, alone: np.ndarray) -> list[np.ndarray]:
+    """The clients left alone, except that clients at distance 0 from each other (the same pseudo-labels on every
+    public sample) stay together: a teacher per copy of one upload would learn the same thing twice."""
+    if len(alone) == 0:
+        return []
+    from scipy.sparse.csgraph import connected_components
+
+    _, component = connected_components(d[np.ix_(alone, alone)] == 0, directed=False)
+    return [alone[component == c] for c in range(int(component.max()) + 1)]
+
+
+def _persistence(tree: np.ndarray, n: int):
+    """``members -> persistence``: for the lowest node of the hierarchy that holds all of ``members``, the height
+    of its parent over its own (inf for the root)."""
+    height = np.concatenate([np.zeros(n), tree[:, 2]])
+    parent = np.full(2 * n - 1, -1, dtype=np.int64)
+    for k in range(n - 1):
+        parent[int(tree[k, 0])] = parent[int(tree[k, 1])] = n + k
+
+    def lasting(members: np.ndarray) -> float:
+        path, x = [], int(members[0])  # the lowest common ancestor: the highest point where the others meet the
+        while x >= 0:                  # path from the first member to the root
+            path.append(x)
+            x = int(parent[x])
+        pos = {node: depth for depth, node in enumerate(path)}
+        lowest = 0
+        for i in members[1:]:
+            x = int(i)
+            while x not in pos:
+                x = int(parent[x])
+            lowest = max(lowest, pos[x])
+        node = path[lowest]
+        if parent[node] < 0:
+            return math.inf
+        return float(height[parent[node]] / height[node]) if height[node] > 0 else math.inf
+
+    return lasting

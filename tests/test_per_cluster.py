@@ -1,0 +1,122 @@
+"""The default rule, ``b0: auto`` (cluster by cluster: average linkage, then each cluster on its own silhouette and
+persistence), on hand-made distance matrices: one overlapping pair, an outlier, a client nearer another cluster,
+two groups whose distances interleave, identical clients. Every silhouette below is worked out by hand:
+s = (b - a) / max(a, b), a the mean distance to the client's own cluster, b the smallest mean distance to another."""
+
+import numpy as np
+import pytest
+
+from cosmos_pl.clustering import FLOOR, cluster_clients, per_cluster_clustering, silhouette, silhouettes, structure
+from cosmos_pl.clustering.per_cluster import PERSISTENCE
+
+
+def _matrix(n: int, rest: float, pairs: dict[tuple[int, int], float]) -> np.ndarray:
+    d = np.full((n, n), rest)
+    np.fill_diagonal(d, 0.0)
+    for (i, j), v in pairs.items():
+        d[i, j] = d[j, i] = v
+    return d
+
+
+def _groups(sizes: list[int], within: float) -> dict[tuple[int, int], float]:
+    pairs, start = {}, 0
+    for size in sizes:
+        for i in range(start, start + size):
+            for j in range(i + 1, start + size):
+                pairs[(i, j)] = within
+        start += size
+    return pairs
+
+
+def test_one_overlapping_pair_keeps_the_other_clusters():
+    # groups {0,1,2}, {3,4,5}, {6,7,8} 0.2 apart inside, 1.0 between; but 1 and 2 are 0.4 apart and 0 is 0.3 from 3,
+    # closer than that: the ranges overlap, so no clustering is separated over the whole federation
+    pairs = _groups([3, 3, 3], 0.2)
+    pairs[(1, 2)], pairs[(0, 3)] = 0.4, 0.3
+    d = _matrix(9, 1.0, pairs)
+    assert cluster_clients("strict", d).clusters == [[i] for i in range(9)]  # the earlier default gives up
+    found = cluster_clients("auto", d)
+    assert found.clusters == [[0, 1, 2], [3, 4, 5], [6, 7, 8]] and found.left == [] and found.dissolved == []
+    # client 0: a = 0.2, b = mean(0.3, 1, 1) = 0.7667 -> 0.7391; 1 and 2: a = mean(0.2, 0.4) = 0.3, b = 1 -> 0.7;
+    # 3: as 0 (0.7391); 4, 5 and the third group: a = 0.2, b = 1 -> 0.8. Every cluster is far above the floor.
+    s = silhouettes(d, found.labels)
+    assert s == pytest.approx([(2.3 / 3 - 0.2) / (2.3 / 3), 0.7, 0.7, (2.3 / 3 - 0.2) / (2.3 / 3), 0.8, 0.8, 0.8, 0.8,
+                               0.8])
+    st = structure(d, found.labels)
+    assert not st.separated and not st.weak  # overlapping ranges alone are not weak structure
+    assert (st.within_max, st.between_min, st.alone) == (pytest.approx(0.4), pytest.approx(0.3), 0)
+
+
+def test_an_outlier_stays_alone_while_the_rest_cluster():
+    # {0,1,2} and {3,4,5} 0.2 inside and 1.0 apart; client 6 is 0.85 from the first group and 0.9 from the second.
+    pairs = _groups([3, 3], 0.2)
+    pairs.update({(i, 6): 0.85 for i in range(3)})
+    pairs.update({(i, 6): 0.9 for i in range(3, 6)})
+    d = _matrix(7, 1.0, pairs)
+    # the cut that leaves 6 alone: 0-2 have a = 0.2, b = 0.85 -> 0.7647; 3-5 a = 0.2, b = 0.9 -> 0.7778; 6 scores 0:
+    # mean 0.6611. The cut that joins 6 to the first group: 0-2 a = (0.2 + 0.2 + 0.85) / 3 = 0.4167, b = 1 ->
+    # 0.5833; 6 a = 0.85, b = 0.9 -> 0.0556; 3-5 a = 0.2, b = 3.9 / 4 -> 0.7949: mean 0.5986. The first starts.
+    assert silhouette(d, np.array([0, 0, 0, 1, 1, 1, 2])) == pytest.approx((3 * 0.65 / 0.85 + 3 * 0.7 / 0.9) / 7)
+    assert silhouette(d, np.array([0, 0, 0, 1, 1, 1, 0])) == pytest.approx(
+        (3 * (1 - 1.25 / 3) + 0.05 / 0.9 + 3 * (0.975 - 0.2) / 0.975) / 7)
+    assert cluster_clients("auto", d).clusters == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_a_client_nearer_another_cluster_on_average_leaves_its_own():
+    # 0-2: 0.3, 0-1: 0.5, 1-2: 0.9; {3,4,5} 0.5 inside; 2 is 0.55 from each of 3-5; every other pair 1.2.
+    # Average linkage joins 0 and 2 (0.3), then 1 (mean 0.7 < their mean 0.875 to {3,4,5}): the best cut is
+    # {0,1,2}, {3,4,5} (mean silhouette 0.4124 against 0.357 for {0,2}, {1}, {3,4,5}). In it client 2 has
+    # a = mean(0.3, 0.9) = 0.6 and b = 0.55: s = -0.0833, it is nearer the other cluster, so it leaves.
+    pairs = {(0, 1): 0.5, (0, 2): 0.3, (1, 2): 0.9, (3, 4): 0.5, (3, 5): 0.5, (4, 5): 0.5,
+             (2, 3): 0.55, (2, 4): 0.55, (2, 5): 0.55}
+    d = _matrix(6, 1.2, pairs)
+    found = per_cluster_clustering(d)
+    assert found.start.tolist() in ([0, 0, 0, 1, 1, 1], [1, 1, 1, 0, 0, 0])
+    assert silhouettes(d, found.start) == pytest.approx([(1.2 - 0.4) / 1.2, (1.2 - 0.7) / 1.2, (0.55 - 0.6) / 0.6,
+                                                          *[(2.95 / 3 - 0.5) / (2.95 / 3)] * 3])
+    assert found.left == [2]
+    # {0, 1} without 2: a = 0.5, b = 1.2 (the start's other cluster) -> 0.5833 >= the floor; it persists: joined at
+    # 0.7 (with 2), and that node joins the rest at (6 * 1.2 + 3 * 0.55) / 9 = 0.9833: 1.40 >= PERSISTENCE
+    assert 0.9833 / 0.7 >= PERSISTENCE and (1.2 - 0.5) / 1.2 >= FLOOR
+    assert cluster_clients("auto", d).clusters == [[0, 1], [2], [3, 4, 5]]
+
+
+def test_two_groups_whose_distances_interleave_are_not_merged():
+    # {0,1,2} and {3,4,5}: all 15 distances in one band 0.70-0.84, within-group pairs taking every third rank, so
+    # within and between distances interleave. The best cut is every client but 5 against 5 (mean silhouette
+    # 0.0591): client 0 there has a = mean(0.70, 0.73, 0.71, 0.72) = 0.715 and b = 0.74, s = 0.0338; no cluster is
+    # kept (mean silhouette of the five 0.0591 < the floor; it persists 0.802 / 0.775 = 1.03 < PERSISTENCE).
+    d = np.array([[0.00, 0.70, 0.73, 0.71, 0.72, 0.74],
+                  [0.70, 0.00, 0.76, 0.75, 0.77, 0.78],
+                  [0.73, 0.76, 0.00, 0.80, 0.81, 0.83],
+                  [0.71, 0.75, 0.80, 0.00, 0.79, 0.82],
+                  [0.72, 0.77, 0.81, 0.79, 0.00, 0.84],
+                  [0.74, 0.78, 0.83, 0.82, 0.84, 0.00]])
+    found = per_cluster_clustering(d)
+    assert sorted(map(sorted, [np.flatnonzero(found.start == k).tolist() for k in range(2)])) == [[0, 1, 2, 3, 4], [5]]
+    s = silhouettes(d, found.start)
+    assert s[0] == pytest.approx((0.74 - 0.715) / 0.74) and s[:5].mean() < FLOOR
+    assert found.labels.tolist() == list(range(6)) and found.alone_dissolved == [0, 1, 2, 3, 4]
+    # where the threshold rules merge the two groups into one teacher, auto does not
+    assert cluster_clients("silhouette", d).clusters == [[0, 1, 2, 3, 4], [5]]
+    assert cluster_clients("otsu", d).clusters == [list(range(6))]
+    st = structure(d, found.labels)
+    assert st.K == st.N and st.weak and st.reasons() == ["no two clients share a cluster (K = N)"]
+
+
+def test_identical_clients_stay_together_and_no_structure_gives_no_cluster():
+    assert per_cluster_clustering(np.zeros((6, 6))).labels.tolist() == [0] * 6  # one upload six times: one teacher
+    d = _matrix(4, 0.5, {})  # every pair equally far: no cut has 2 <= K <= 3
+    assert per_cluster_clustering(d).labels.tolist() == [0, 1, 2, 3]
+    d = _matrix(5, 1.0, {(0, 1): 0.0})  # 0 and 1 identical, everyone else equally far: they share a teacher
+    assert cluster_clients("auto", d).clusters == [[0, 1], [2], [3], [4]]
+    assert per_cluster_clustering(np.array([[0.0, 1.0], [1.0, 0.0]])).labels.tolist() == [0, 0]  # N = 2: one
+
+
+def test_bad_settings_are_refused_naming_the_value():
+    with pytest.raises(ValueError, match=r"b0='kmeans': give a number >= 0 .* 'auto'"):
+        cluster_clients("kmeans", np.zeros((3, 3)))
+    with pytest.raises(ValueError, match=r"b0=-0.5: the threshold must be a number >= 0"):
+        cluster_clients(-0.5, np.zeros((3, 3)))
+    with pytest.raises(ValueError, match="square"):
+        per_cluster_clustering(np.zeros((3, 2)))
