@@ -176,8 +176,9 @@ class COSMOS(Algorithm):
         constant = [ids[j] for j, v in enumerate(spread(read, budget=math.inf)) if v < CONSTANT_SPREAD]
         if constant:
             self.ctx.log(f"warning: client(s) {constant} uploaded nearly the same pseudo-label for every public sample "
-                         "(they learnt little beyond their label prior): their distances compare priors, not data. "
-                         "Raise clients.pretrain_epochs or give them more data")
+                         "(they learnt little beyond their label prior): their soft distances compare priors and "
+                         "confidence, not data. Raise clients.pretrain_epochs, give them more data, or cluster on the "
+                         "one-hot pseudo-labels (algorithm.init_args.distance: l1_hard)")
         self.distance_samples, self.constant_clients = used, constant
         found = cluster_clients(self.b0, self.distances)
         self.b0_value, self.how = found.b0, found.describe()
