@@ -70,23 +70,20 @@ def emit(figures: dict) -> None:
     print(json.dumps({**figures, "machine": machine()}, sort_keys=True))
 
 
-def ptc_distances(config: Path, seed: int, num_clients: int, cache: Path, round0: Path) -> tuple:
-    """``(distances [N, N], true groups [N], distances_hard [N, N])`` of a config's first COSMOS round: round 0 as
-    ``cosmos-pl fit`` trains it (kept in the round-0 cache ``round0``), then every client's soft upload on U, and the
-    L1 distances the server clusters (``distance: l1``, and ``l1_hard``). ``num_clients`` 0 keeps the config's N.
-    Kept in ``cache`` as .npz by config, N and seed."""
+def ptc_uploads(config: Path, seed: int, num_clients: int, cache: Path, round0: Path) -> tuple:
+    """``(uploads [N, n, M], true groups [N])`` of a config's first COSMOS round: round 0 as ``cosmos-pl fit`` trains
+    it (kept in the round-0 cache ``round0``), then every client's soft upload on U, what the server clusters.
+    ``num_clients`` 0 keeps the config's N. Kept in ``cache`` as .npz by config, N and seed."""
     import numpy as np
 
     target = cache / f"{config.stem}_n{num_clients}_s{seed}.npz"
     if target.is_file():
         got = np.load(target)
-        if "distances_hard" in got:
-            return got["distances"], got["groups"], got["distances_hard"]
+        return torch.from_numpy(got["uploads"]), got["groups"]
     from lightning.fabric.utilities.seed import seed_everything
 
     from cosmos_pl.algorithms.base import ServerResult, Upload
     from cosmos_pl.cli import _round0_key, build_fit_parser
-    from cosmos_pl.clustering import pairwise_distances
     from cosmos_pl.config import validate_config
 
     class Uploads(COSMOS):  # COSMOS's first round up to its server step: the upload, kept
@@ -115,10 +112,9 @@ def ptc_distances(config: Path, seed: int, num_clients: int, cache: Path, round0
     finally:
         runner.executor.close()
     uploads = torch.stack([algorithm.got[i] for i in sorted(algorithm.got)])
-    d, groups = pairwise_distances(uploads), np.asarray(federation.partition.groups)
-    hard = pairwise_distances(uploads, "l1_hard")
+    groups = np.asarray(federation.partition.groups)
     cache.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".tmp.npz")
-    np.savez(tmp, distances=d, groups=groups, distances_hard=hard)
+    np.savez(tmp, uploads=uploads.numpy(), groups=groups)
     tmp.replace(target)  # atomic: a reader sees no file or the whole one
-    return d, groups, hard
+    return uploads, groups

@@ -6,19 +6,24 @@ Two kinds of federation:
   5 class groups, M = 20, |U| = 200, at overlaps 0.25, 0.5, 0.75 and 1.0, 3 draws each;
 - **real**: the PTC round's uploads of the configs, the round-0 models the configs train (a round-0 cache keeps them)
   and one soft upload on U, exactly what ``cosmos-pl fit`` clusters in its first round: fmnist_quickstart at 10, 20
-  and 40 clients (seeds 0-4), digits_smoke (seeds 0-9), cifar10_subset (seeds 0-2). Their distance matrices are kept
-  in ``--cache``; a rerun reads them.
+  and 40 clients (seeds 0-4), digits_smoke (seeds 0-9), cifar10_subset (seeds 0-2). Their uploads are kept in
+  ``--cache``; a rerun reads them.
 
-The real uploads are also clustered on ``distance: l1_hard`` (the L1 distance of the one-hot pseudo-labels).
+Every case goes through what COSMOS's server step runs (:func:`cosmos_pl.clustering.cluster_inputs`): the L1
+distances after the default confidence floor, and the clients that upload one distribution for every sample (which
+``auto`` places last). The real uploads are also clustered on ``distance: l1_hard``.
 
 Per case and rule (``auto``, the per-cluster default; ``strict``, ``silhouette`` and ``otsu``, the threshold rules,
 these three only up to N = 500): the adjusted Rand index (ARI) against the true groups, K, how many clusters mix
 clients of two groups, seconds. The ceiling is the best ARI Algorithm 1 reaches at any threshold on the same
 distances (every distinct distance up to 2,048 of them; above, 64 evenly spaced among the sorted distances,
-refined twice around the best), with its own mixing count. The ceiling reads the true groups; no rule does.
+refined twice around the best), with its own mixing count. ``plain``: the ceiling, ``auto`` and ``strict`` (the
+default before ``auto``) on the paper's plain L1 (``confidence_floor: 0``). The ceiling reads the true groups; no
+rule does.
 
-Checks printed at the end: planted, auto's mean ARI within 0.1 of the ceiling's at every N (mean over overlaps and
-draws) and no draw where auto mixes groups and the ceiling does not; fmnist_quickstart at 20 and 40 clients, a seed
+Checks printed at the end, against the better of the two ceilings (floor and plain): planted, auto's mean ARI within
+0.1 of the ceiling's at every N (mean over overlaps and draws) and no draw where auto mixes groups and a ceiling does
+not; fmnist_quickstart at 20 and 40 clients, a seed
 passes when auto's ARI is at least 0.9, or within 0.05 of the ceiling where the ceiling is below 0.9 (4 of 5 seeds
 required). The last line is JSON.
 
@@ -37,9 +42,10 @@ import numpy as np
 from sklearn.metrics import adjusted_rand_score
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, ptc_distances  # noqa: E402
+from _common import emit, ptc_uploads  # noqa: E402
 
-from cosmos_pl.clustering import cluster_clients, greedy_labels, pairwise_distances  # noqa: E402
+from cosmos_pl.clustering import (DEFAULT_CONFIDENCE_FLOOR, cluster_clients, cluster_inputs,  # noqa: E402
+                                  greedy_labels)
 from cosmos_pl.clustering.native import cache_dir  # noqa: E402
 from cosmos_pl.clustering.planted import planted_uploads  # noqa: E402
 
@@ -80,18 +86,34 @@ def ceiling(d: np.ndarray, groups: np.ndarray) -> tuple[float, float, np.ndarray
     return best
 
 
-def evaluate(d: np.ndarray, groups: np.ndarray) -> dict:
-    """Every rule and the ceiling on one distance matrix."""
+def _score(rule: str, d: np.ndarray, groups: np.ndarray, uninformative: list[int]) -> dict:
+    start = time.perf_counter()
+    found = cluster_clients(rule, d, uninformative)
+    return {"ari": round(float(adjusted_rand_score(groups, found.labels)), 4), "K": int(found.labels.max()) + 1,
+            "mixing": mixing(found.labels, groups), "seconds": round(time.perf_counter() - start, 3)}
+
+
+def evaluate(uploads, groups: np.ndarray, metric: str = "l1") -> dict:
+    """Every rule and the ceiling on one federation's uploads ``[N, n, M]``, read as COSMOS's server step reads
+    them (:func:`cosmos_pl.clustering.cluster_inputs` with the default confidence floor); under ``plain``, the
+    ceiling, ``auto`` and ``strict`` (the default before ``auto``) on the paper's plain distance
+    (``confidence_floor: 0``)."""
+    start = time.perf_counter()
+    got = cluster_inputs(uploads, metric, DEFAULT_CONFIDENCE_FLOOR)
+    inputs_seconds = time.perf_counter() - start
+    d, uninformative = got.distances, got.uninformative
     a, t, labels = ceiling(d, groups)
     row = {"N": len(d), "ceiling": {"ari": round(a, 4), "b0": round(t, 4), "K": int(labels.max()) + 1,
-                                    "mixing": mixing(labels, groups)}}
-    rules = ["auto"] + (["strict", "silhouette", "otsu"] if len(d) <= THRESHOLD_RULES_UP_TO else [])
-    for rule in rules:
-        start = time.perf_counter()
-        found = cluster_clients(rule, d)
-        row[rule] = {"ari": round(float(adjusted_rand_score(groups, found.labels)), 4),
-                     "K": int(found.labels.max()) + 1, "mixing": mixing(found.labels, groups),
-                     "seconds": round(time.perf_counter() - start, 3)}
+                                    "mixing": mixing(labels, groups)},
+           "uninformative": uninformative, "tempered": sorted(got.tempered), "inputs_seconds": round(inputs_seconds, 3)}
+    small = len(d) <= THRESHOLD_RULES_UP_TO
+    for rule in ["auto"] + (["strict", "silhouette", "otsu"] if small else []):
+        row[rule] = _score(rule, d, groups, uninformative)
+    plain = cluster_inputs(uploads, metric, 0.0) if got.tempered else got
+    pa, _, plabels = ceiling(plain.distances, groups)
+    row["plain"] = {"ceiling": {"ari": round(pa, 4), "mixing": mixing(plabels, groups)},
+                    **{rule: _score(rule, plain.distances, groups, plain.uninformative)
+                       for rule in ["auto"] + (["strict"] if small else [])}}
     return row
 
 
@@ -102,6 +124,9 @@ def line(name: str, row: dict) -> str:
         if rule in row:
             r = row[rule]
             parts.append(f"{rule} {r['ari']:5.2f} K {r['K']:3d} mix {r['mixing']} {r['seconds']:.2f}s")
+    p = row["plain"]
+    parts.append(f"plain: ceiling {p['ceiling']['ari']:5.2f}, auto {p['auto']['ari']:5.2f} (mix {p['auto']['mixing']})"
+                 + (f", strict {p['strict']['ari']:5.2f} K {p['strict']['K']}" if "strict" in p else ""))
     return " | ".join(parts)
 
 
@@ -111,7 +136,7 @@ def planted(sizes: list[int], overlaps: list[float], draws: int) -> dict:
         for overlap in overlaps:
             for draw in range(draws):
                 uploads, groups = planted_uploads(n, overlap=overlap, seed=draw)
-                row = evaluate(pairwise_distances(uploads), groups)
+                row = evaluate(uploads, groups)
                 out.setdefault(str(n), []).append({"overlap": overlap, "draw": draw, **row})
                 print(line(f"planted N={n} overlap {overlap} draw {draw}", row), flush=True)
     return out
@@ -122,45 +147,57 @@ def real(cache: Path, round0: Path) -> dict:
     for config, clients, seeds in REAL:
         name = f"{config}" + (f"@{clients}" if clients else "")
         for seed in seeds:
-            d, groups, hard = ptc_distances(CONFIGS / f"{config}.yaml", seed, clients, cache, round0)
-            row = evaluate(d, groups)
-            row["l1_hard"] = evaluate(hard, groups)
+            uploads, groups = ptc_uploads(CONFIGS / f"{config}.yaml", seed, clients, cache, round0)
+            row = evaluate(uploads, groups)
+            row["l1_hard"] = evaluate(uploads, groups, "l1_hard")
             out.setdefault(name, []).append({"seed": seed, **row})
             print(line(f"{name} seed {seed}", row), flush=True)
             print(line(f"{name} seed {seed}, l1_hard", row["l1_hard"]), flush=True)
     return out
 
 
+def best_ceiling(row: dict) -> float:
+    """The ceiling the checks use: the better of the two, on the distances ``auto`` read and on the plain ones."""
+    return max(row["ceiling"]["ari"], row["plain"]["ceiling"]["ari"])
+
+
 def summary(planted_rows: dict, real_rows: dict) -> dict:
     checks: dict = {"planted": {}, "fmnist": {}}
     for n, rows in planted_rows.items():
         auto = float(np.mean([r["auto"]["ari"] for r in rows]))
-        ceil = float(np.mean([r["ceiling"]["ari"] for r in rows]))
+        ceil = float(np.mean([best_ceiling(r) for r in rows]))
         mixed = [f"overlap {r['overlap']} draw {r['draw']}" for r in rows
-                 if r["auto"]["mixing"] and not r["ceiling"]["mixing"]]
+                 if r["auto"]["mixing"] and not (r["ceiling"]["mixing"] and r["plain"]["ceiling"]["mixing"])]
         by_overlap = {str(o): (round(float(np.mean([r["auto"]["ari"] for r in rows if r["overlap"] == o])), 3),
-                               round(float(np.mean([r["ceiling"]["ari"] for r in rows if r["overlap"] == o])), 3))
+                               round(float(np.mean([best_ceiling(r) for r in rows if r["overlap"] == o])), 3))
                       for o in sorted({r["overlap"] for r in rows})}
         checks["planted"][n] = {"auto_mean_ari": round(auto, 3), "ceiling_mean_ari": round(ceil, 3),
                                 "within_0.1": auto >= ceil - 0.1, "mixed_where_ceiling_pure": mixed,
                                 "by_overlap_auto_ceiling": by_overlap}
-        print(f"planted N={n}: auto mean ARI {auto:.3f}, ceiling {ceil:.3f} ({'within' if auto >= ceil - 0.1 else 'NOT within'} "
-              f"0.1); auto mixes where the ceiling does not: {mixed or 'never'}; by overlap (auto, ceiling): "
-              f"{by_overlap}")
+        verdict = "within" if auto >= ceil - 0.1 else "NOT within"
+        print(f"planted N={n}: auto mean ARI {auto:.3f}, ceiling {ceil:.3f} ({verdict} 0.1); auto mixes where a "
+              f"ceiling does not: {mixed or 'never'}; by overlap (auto, ceiling): {by_overlap}")
     for name, rows in real_rows.items():
-        soft = [r["auto"]["ari"] for r in rows]
-        hard = [r["l1_hard"]["auto"]["ari"] for r in rows]
-        print(f"{name}: mean ARI, auto {np.mean(soft):.3f} (ceiling {np.mean([r['ceiling']['ari'] for r in rows]):.3f}); "
-              f"on distance l1_hard: auto {np.mean(hard):.3f} (ceiling "
-              f"{np.mean([r['l1_hard']['ceiling']['ari'] for r in rows]):.3f})")
+        def mean(*keys: str) -> str:
+            values = []
+            for r in rows:
+                for key in keys:
+                    r = r[key]
+                values.append(r)
+            return f"{np.mean(values):.3f}"
+
+        print(f"{name}: mean ARI, auto {mean('auto', 'ari')} (ceiling {mean('ceiling', 'ari')}); plain distance: "
+              f"auto {mean('plain', 'auto', 'ari')}, strict {mean('plain', 'strict', 'ari')} (ceiling "
+              f"{mean('plain', 'ceiling', 'ari')}); distance l1_hard: auto {mean('l1_hard', 'auto', 'ari')} (ceiling "
+              f"{mean('l1_hard', 'ceiling', 'ari')})")
     for name in ("fmnist_quickstart@20", "fmnist_quickstart@40"):
         if name not in real_rows:
             continue
-        passed = [r["auto"]["ari"] >= 0.9 or (r["ceiling"]["ari"] < 0.9 and r["auto"]["ari"] >= r["ceiling"]["ari"] - 0.05)
-                  for r in real_rows[name]]
+        passed = [r["auto"]["ari"] >= 0.9 or (best_ceiling(r) < 0.9 and r["auto"]["ari"] >= best_ceiling(r) - 0.05)
+                  for r in real_rows[name]]  # at least 0.9, or within 0.05 of a ceiling below 0.9
         checks["fmnist"][name] = {"seeds_passing": int(sum(passed)), "of": len(passed),
                                   "auto_ari": [r["auto"]["ari"] for r in real_rows[name]],
-                                  "ceiling_ari": [r["ceiling"]["ari"] for r in real_rows[name]]}
+                                  "ceiling_ari": [best_ceiling(r) for r in real_rows[name]]}
         print(f"{name}: {sum(passed)} of {len(passed)} seeds pass (auto ARI {checks['fmnist'][name]['auto_ari']}, "
               f"ceiling {checks['fmnist'][name]['ceiling_ari']})")
     return checks

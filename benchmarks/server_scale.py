@@ -1,6 +1,7 @@
 """Seconds of COSMOS's clustering server step for thousands of clients, and of the partitioner for 500 clients.
 
-The server step (Section 4.1, what ``COSMOS._cluster`` runs): the client distances (L1 over the uploads, exact up to
+The server step (Section 4.1, what ``COSMOS._cluster`` runs through :func:`cosmos_pl.clustering.cluster_inputs`): the
+confidence floor, the client distances (L1 over the uploads, exact up to
 :data:`cosmos_pl.clustering.distances.EXACT_BUDGET` absolute differences, else on a fixed subsample of U), each
 client's spread, the default ``auto`` rule and the clustering's structure; for N = 50, 200, 500 and 2,000 clients
 uploading pseudo-labels on |U| = 10,000 public samples with M = 100 classes (planted federations,
@@ -35,8 +36,8 @@ from sklearn.metrics import adjusted_rand_score
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit  # noqa: E402
 
-from cosmos_pl.clustering import (cluster_clients, native, pairwise_distances, public_samples_for,  # noqa: E402
-                                  public_subsample, spread, structure)
+from cosmos_pl.clustering import (DEFAULT_CONFIDENCE_FLOOR, cluster_clients, cluster_inputs,  # noqa: E402
+                                  native, public_samples_for, structure)
 from cosmos_pl.clustering.distances import MIN_ESTIMATE_SAMPLES  # noqa: E402
 from cosmos_pl.clustering.planted import planted_uploads  # noqa: E402
 from cosmos_pl.data.partition import dirichlet, group_dirichlet  # noqa: E402
@@ -45,20 +46,19 @@ GROUPS, OVERLAP = 5, 0.75
 
 
 def server_step(p) -> tuple[dict, np.ndarray, np.ndarray]:
-    """Time what COSMOS's first server step runs on the uploads ``p`` ``[N, n, M]``."""
+    """Time what COSMOS's first server step runs on the uploads ``p`` ``[N, n, M]``: its inputs (the subsample of
+    U, the confidence floor, the distances, the spread), the ``auto`` rule and the clustering's structure."""
     start = time.perf_counter()
-    read = public_subsample(p)  # as COSMOS does: one subsample for the distances and the spread
-    d = pairwise_distances(read, budget=math.inf)
-    t_dist = time.perf_counter() - start
-    spread(read, budget=math.inf)
-    t_spread = time.perf_counter() - start - t_dist
-    found = cluster_clients("auto", d)
-    t_rule = time.perf_counter() - start - t_dist - t_spread
-    structure(d, found.labels)
+    got = cluster_inputs(p, "l1", DEFAULT_CONFIDENCE_FLOOR)
+    t_inputs = time.perf_counter() - start
+    found = cluster_clients("auto", got.distances, got.uninformative)
+    t_rule = time.perf_counter() - start - t_inputs
+    structure(got.distances, found.labels)
     total = time.perf_counter() - start
-    return ({"seconds": round(total, 2), "distance_seconds": round(t_dist, 2), "spread_seconds": round(t_spread, 2),
-             "rule_seconds": round(t_rule, 2), "K": int(found.labels.max()) + 1,
-             "public_samples_used": public_samples_for(*p.shape)}, d, found.labels)
+    return ({"seconds": round(total, 2), "inputs_seconds": round(t_inputs, 2), "rule_seconds": round(t_rule, 2),
+             "K": int(found.labels.max()) + 1, "public_samples_used": got.samples,
+             "tempered_clients": len(got.tempered), "uninformative_clients": len(got.uninformative)},
+            got.distances, found.labels)
 
 
 def main() -> None:
@@ -83,15 +83,16 @@ def main() -> None:
             row["note"] = (f"the {MIN_ESTIMATE_SAMPLES} public samples the estimate reads were built, not the "
                            f"{args.public:,} ({n * args.public * args.classes * 4 / 2**30:.0f} GiB)")
         elif used < args.public:  # the estimate against the exact distances (not timed)
-            exact = pairwise_distances(p, budget=math.inf)
+            exact_inputs = cluster_inputs(p, "l1", DEFAULT_CONFIDENCE_FLOOR, budget=math.inf)
+            exact = exact_inputs.distances
             err = np.abs(d - exact)[np.triu_indices(n, 1)]
-            exact_labels = cluster_clients("auto", exact).labels
+            exact_labels = cluster_clients("auto", exact, exact_inputs.uninformative).labels
             row.update(estimate_mean_abs_error=round(float(err.mean()), 5), estimate_max_abs_error=round(float(err.max()), 5),
                        exact_adjusted_rand_index=round(float(adjusted_rand_score(groups, exact_labels)), 4),
                        estimate_vs_exact_clusters_ari=round(float(adjusted_rand_score(exact_labels, labels)), 4))
         details[str(n)] = row
-        print(f"N = {n:5d}: {row['seconds']:6.2f} s (distances {row['distance_seconds']:.2f} s on "
-              f"{row['public_samples_used']:,} public samples, spread {row['spread_seconds']:.2f} s, auto "
+        print(f"N = {n:5d}: {row['seconds']:6.2f} s (floor, distances and spread {row['inputs_seconds']:.2f} s on "
+              f"{row['public_samples_used']:,} public samples, {row['tempered_clients']} clients re-tempered; auto "
               f"{row['rule_seconds']:.2f} s); K = {row['K']}, ARI {row['adjusted_rand_index']}"
               + (f"; estimate error mean {row['estimate_mean_abs_error']} max {row['estimate_max_abs_error']}, "
                  f"ARI on exact distances {row['exact_adjusted_rand_index']}, clusterings agree (ARI) "

@@ -140,7 +140,7 @@ def test_no_separated_clustering_leaves_every_client_alone():
 def test_cosmos_logs_the_structure_and_one_warning_line_when_weak(monkeypatch):
     import torch
 
-    import cosmos_pl.algorithms.cosmos as module
+    import cosmos_pl.clustering.inputs as module  # where COSMOS's clustering step computes its distances
     from cosmos_pl.algorithms import COSMOS
 
     lines: list[str] = []

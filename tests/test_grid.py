@@ -142,6 +142,32 @@ def test_the_validation_table_bolds_each_algorithms_best_point_and_never_a_colum
     assert validation_markdown(bare) == ""
 
 
+def test_grid_md_says_at_each_point_how_cosmos_clustered_and_where_it_fell_back():
+    from cosmos_pl.compare.grid import clustering_markdown, grid_markdown
+    from cosmos_pl.compare.report import PairResult, summarize
+
+    def pair(name, seed, n, k, weak, ari):
+        clusters = None if k is None else {"K": k, "N": n, "weak": weak, "ari": ari}
+        return PairResult(name, seed, [0.5, 0.6], "cluster teacher h_pi(i)", {}, clusters=clusters)
+
+    # the number-of-clients axis: at 10 clients both seeds find the 5 groups; at 20, seed 1 keeps no cluster (K = N
+    # = 20, weak, ARI 0); local-only does not cluster and gets no column
+    tables = []
+    for n, seed1 in ((10, (5, False, 1.0)), (20, (20, True, 0.0))):
+        pairs = [pair("cosmos", 0, n, 5, False, 1.0), pair("cosmos", 1, n, *seed1),
+                 pair("local", 0, n, None, None, None), pair("local", 1, n, None, None, None)]
+        tables.append(({"data.num_clients": n}, summarize(pairs), []))
+    md = clustering_markdown(tables)
+    assert "| point | cosmos |" in md and "local" not in md.split("| point |")[1]
+    assert "| num_clients=10 | K 5.0 (5, 5); ARI 1.00 (1.00, 1.00) |" in md
+    # K mean (5 + 20) / 2 = 12.5, seed 1 starred; ARI (1 + 0) / 2 = 0.50
+    assert "| num_clients=20 | K 12.5 (5, 20*); ARI 0.50 (1.00, 0.00); fell back: seed 1 |" in md
+    grid = grid_markdown(tables, "made-up", "top1")
+    assert grid.index("## Clusters at each point") < grid.index("# data.num_clients = 10")
+    no_clusters = [({"data.num_clients": 10}, summarize([pair("local", 0, 10, None, None, None)]), [])]
+    assert clustering_markdown(no_clusters) == ""
+
+
 def test_an_algorithm_is_read_at_every_point_when_its_runs_are_the_same_objects_at_each():
     from pathlib import Path
 

@@ -120,3 +120,44 @@ def test_bad_settings_are_refused_naming_the_value():
         cluster_clients(-0.5, np.zeros((3, 3)))
     with pytest.raises(ValueError, match="square"):
         per_cluster_clustering(np.zeros((3, 2)))
+
+
+def test_uninformative_clients_are_placed_with_the_nearest_informative_client():
+    # informative clients 0, 1, 2 (one per group, every pair 1.0 apart); clients 3, 4, 5 upload one distribution for
+    # every public sample (their label priors): 0.2 from each other (flat priors look alike), 0.6 from the informative
+    # client of their own group (3 -> 0, 4 -> 1, 5 -> 2) and 1.2 from the other two.
+    pairs = {(3, 4): 0.2, (3, 5): 0.2, (4, 5): 0.2, (0, 3): 0.6, (1, 4): 0.6, (2, 5): 0.6}
+    pairs.update({(i, j): 1.2 for i in range(3) for j in range(3, 6) if j != i + 3})
+    d = _matrix(6, 1.0, pairs)
+    # read as ordinary clients, the three priors form the tightest cluster (a = 0.2; b = mean(0.6, 1.2, 1.2) = 1.0
+    # for each: s = 0.8; formed at 0.2, joined to the rest at a mean of 1.0 or more: persistence >= 5): one teacher
+    # for three groups
+    assert cluster_clients("auto", d).clusters == [[0], [1], [2], [3, 4, 5]]
+    # placed last: the three informative clients are equally far apart, no cut of them has 2 <= K <= 2, so each is
+    # alone; each prior joins the informative client nearest it (0.6 against 1.2)
+    found = cluster_clients("auto", d, uninformative=[3, 4, 5])
+    assert found.clusters == [[0, 3], [1, 4], [2, 5]]
+    assert found.placed == {3: 0, 4: 1, 5: 2}
+    assert "uninformative clients placed with the nearest informative one: 3 -> 0, 4 -> 1, 5 -> 2" in found.describe()
+    # the run's line names clients, not rows: rows 0..5 are clients 10..15 here
+    assert "13 -> 10, 14 -> 11, 15 -> 12" in found.describe(ids=list(range(10, 16)))
+    # the threshold rules read the distances alone
+    assert cluster_clients("strict", d, uninformative=[3, 4, 5]).clusters == cluster_clients("strict", d).clusters
+    # with fewer than MIN_INFORMATIVE informative clients there is nothing to place them by: the rule reads everyone
+    assert per_cluster_clustering(d, uninformative=[1, 2, 3, 4, 5]).labels.tolist() == \
+        per_cluster_clustering(d).labels.tolist()
+    with pytest.raises(ValueError, match=r"uninformative clients \[6\] must lie in 0..5"):
+        per_cluster_clustering(d, uninformative=[6])
+
+
+def test_a_documented_limit_two_groups_nearer_each_other_than_the_rest_pass_as_one():
+    # groups {0,1,2}, {3,4,5}, {6,7,8}, {9,10,11}, 0.3 apart inside; the first two 0.6 from each other, every other
+    # pair 1.0. Average linkage joins the first two at 0.6, far below the 1.0 at which they meet the rest: the pair
+    # of groups persists (1.0 / 0.6 = 1.67 >= PERSISTENCE) and its silhouette (a = (2 * 0.3 + 3 * 0.6) / 5 = 0.48,
+    # b = 1.0: 0.52) clears the floor, so it is kept as one cluster. README's "Choosing B0" names this limit.
+    g = np.repeat(np.arange(4), 3)
+    d = np.where(g[:, None] == g[None, :], 0.3, 1.0)
+    d[np.ix_(g < 2, g < 2)] = np.where(g[g < 2][:, None] == g[g < 2][None, :], 0.3, 0.6)
+    np.fill_diagonal(d, 0.0)
+    assert cluster_clients("auto", d).clusters == [[0, 1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert 1.0 / 0.6 >= PERSISTENCE and (1.0 - 0.48) / 1.0 >= FLOOR

@@ -23,8 +23,7 @@ from torch import nn
 
 from cosmos_pl.aggregation import AGGREGATIONS, aggregate
 from cosmos_pl.algorithms.base import Algorithm, Distill, LocalFit, ServerResult, Step, Upload, check_setting
-from cosmos_pl.clustering import (CONSTANT_SPREAD, check_b0, cluster_clients, pairwise_distances, public_subsample,
-                                  spread, structure)
+from cosmos_pl.clustering import DEFAULT_CONFIDENCE_FLOOR, check_b0, cluster_clients, cluster_inputs, structure
 from cosmos_pl.communication import pseudo_label_bytes
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.losses import apply_temperature
@@ -58,8 +57,9 @@ class COSMOS(Algorithm):
 
     Args:
         teacher_backbone: the teachers' architecture (paper: vgg16), one per cluster.
-        b0: how clients are clustered. A number: Algorithm 1 at that threshold B0 on the L1 distance per public sample (in [0, 2]). 'auto' (default): cluster by cluster, no single threshold: the best-silhouette cut of an average-linkage hierarchy, then a client on average nearer another cluster leaves its own, and a cluster is kept only at a mean silhouette >= 0.2 that persists in the hierarchy (its clients keep teachers of their own otherwise). Threshold rules for Algorithm 1: 'strict': the best silhouette among the clusterings that separate their clusters over the whole federation, else every client alone (the default before 'auto'); 'silhouette': the best silhouette among all; 'otsu': Otsu's threshold on the distances; 'inf': one cluster.
+        b0: how clients are clustered. A number: Algorithm 1 at that threshold B0 on the L1 distance per public sample (in [0, 2]). 'auto' (default): cluster by cluster, no single threshold: the best-silhouette cut of an average-linkage hierarchy, then a client on average nearer another cluster leaves its own, and a cluster is kept only at a mean silhouette >= 0.2 that persists in the hierarchy (its clients keep teachers of their own otherwise); a client that uploads one distribution for every public sample is left out of these steps and joins the cluster of the informative client nearest it. Threshold rules for Algorithm 1: 'strict': the best silhouette among the clusterings that separate their clusters over the whole federation, else every client alone (the default before 'auto'); 'silhouette': the best silhouette among all; 'otsu': Otsu's threshold on the distances; 'inf': one cluster.
         distance: client distance: 'l1' (the paper's, on the soft pseudo-labels), 'l1_hard' (L1 on the one-hot pseudo-labels: twice the fraction of U two clients label differently; it ignores confidence, which the soft distance mixes in) or 'l2'.
+        confidence_floor: before the distances, a client whose mean top probability on U is below this is re-tempered (p^beta, renormalized) up to it, so that flat outputs do not look alike whatever classes they favour; clients above it are compared as uploaded, and the teachers always learn from the uploads as sent. 0: the paper's plain distance (e.g. to reproduce a B0 from the paper).
         aggregation: how a cluster's pseudo-labels are combined: mean (paper), median or max.
         ptc_epochs: teacher epochs over U in the PTC round (round 1), training from scratch.
         teacher_epochs: teacher fine-tuning epochs over U in every IFFT round.
@@ -87,6 +87,7 @@ class COSMOS(Algorithm):
         teacher_backbone: str = "resnet10t",
         b0: Union[float, Literal["auto", "strict", "silhouette", "otsu", "inf"]] = "auto",
         distance: Literal["l1", "l1_hard", "l2"] = "l1",
+        confidence_floor: float = DEFAULT_CONFIDENCE_FLOOR,
         aggregation: Literal["mean", "median", "max"] = "mean",
         ptc_epochs: int = 5,
         teacher_epochs: int = 1,
@@ -114,12 +115,16 @@ class COSMOS(Algorithm):
         check_setting("teacher_batch_size", teacher_batch_size, teacher_batch_size >= 1, ">= 1")
         check_setting("aggregation", aggregation, aggregation in AGGREGATIONS, f"one of {AGGREGATIONS}")
         check_setting("distance", distance, distance in ("l1", "l1_hard", "l2"), "'l1' (paper), 'l1_hard' or 'l2'")
+        check_setting("confidence_floor", confidence_floor, 0 <= confidence_floor < 1,
+                      f"a mean top probability in [0, 1) (0: the paper's plain distance; default "
+                      f"{DEFAULT_CONFIDENCE_FLOOR})")
         check_backbone_name(teacher_backbone, "algorithm.init_args.teacher_backbone")  # before any data is loaded
         try:  # a bad B0 fails now, not after round 0 has trained
             check_b0(b0)
         except ValueError as err:
             raise ConfigError(f"algorithm.init_args.{err}") from None
         self.teacher_backbone, self.b0, self.distance, self.aggregation = teacher_backbone, b0, distance, aggregation
+        self.confidence_floor = confidence_floor
         self.ptc_epochs, self.teacher_epochs, self.teacher_batch_size = ptc_epochs, teacher_epochs, teacher_batch_size
         self.teacher_optimizer = teacher_optimizer
         self.teacher_finetune_optimizer = teacher_finetune_optimizer
@@ -143,6 +148,7 @@ class COSMOS(Algorithm):
         self.how: Optional[str] = None  # how the clusters were chosen (ClientClustering.describe)
         self.distance_samples: Optional[int] = None  # public samples the distances were computed on
         self.constant_clients: list[int] = []  # clients whose pseudo-labels were the same for every public sample
+        self.tempered_clients: list[int] = []  # clients re-tempered to the confidence floor for the distances
         self.distances: Optional[np.ndarray] = None
         self.structure: Optional[dict[str, Any]] = None  # how clear the clustering was (Structure.as_dict)
 
@@ -167,21 +173,25 @@ class COSMOS(Algorithm):
                          for k in range(len(self.clusters))]
 
     def _cluster(self, ids: list[int], uploads: torch.Tensor) -> None:
-        read = public_subsample(uploads)  # every public sample, or a fixed subsample where exact costs too much
-        used = read.shape[1]
-        if used < uploads.shape[1]:
-            self.ctx.log(f"client distances estimated on {used:,} of the {uploads.shape[1]:,} public samples (a fixed "
-                         f"random subsample): exact ones for {len(ids)} clients would cost more than the budget")
-        self.distances = pairwise_distances(read, self.distance, budget=math.inf)
-        constant = [ids[j] for j, v in enumerate(spread(read, budget=math.inf)) if v < CONSTANT_SPREAD]
+        # every public sample, or a fixed subsample where exact distances cost too much
+        got = cluster_inputs(uploads, self.distance, self.confidence_floor)
+        if got.samples < uploads.shape[1]:
+            self.ctx.log(f"client distances estimated on {got.samples:,} of the {uploads.shape[1]:,} public samples (a "
+                         f"fixed random subsample): exact ones for {len(ids)} clients would cost more than the budget")
+        self.distances = got.distances
+        constant = [ids[j] for j in got.uninformative]
+        self.tempered_clients = [ids[j] for j in sorted(got.tempered)]
+        if self.tempered_clients:
+            self.ctx.log(f"confidence floor: client(s) {self.tempered_clients} uploaded flat pseudo-labels (mean top "
+                         f"probability under {self.confidence_floor}): re-tempered to it for the distances only")
         if constant:
+            placed = " (b0 auto places them with the nearest informative client)" if self.b0 == "auto" else ""
             self.ctx.log(f"warning: client(s) {constant} uploaded nearly the same pseudo-label for every public sample "
-                         "(they learnt little beyond their label prior): their soft distances compare priors and "
-                         "confidence, not data. Raise clients.pretrain_epochs, give them more data, or cluster on the "
-                         "one-hot pseudo-labels (algorithm.init_args.distance: l1_hard)")
-        self.distance_samples, self.constant_clients = used, constant
-        found = cluster_clients(self.b0, self.distances)
-        self.b0_value, self.how = found.b0, found.describe()
+                         "(they learnt little beyond their label prior): their distances compare priors, not data"
+                         f"{placed}. Raise clients.pretrain_epochs or give them more data")
+        self.distance_samples, self.constant_clients = got.samples, constant
+        found = cluster_clients(self.b0, self.distances, uninformative=got.uninformative)
+        self.b0_value, self.how = found.b0, found.describe(ids)
         self.set_clusters([[ids[j] for j in members] for members in found.clusters])
         st = structure(self.distances, found.labels)
         self.structure = st.as_dict()
@@ -287,6 +297,7 @@ class COSMOS(Algorithm):
             return None
         return {"b0": self.b0_value, "b0_setting": self.b0, "chosen_by": self.how, "distance": self.distance,
                 "distance_samples": self.distance_samples, "constant_clients": self.constant_clients,
+                "confidence_floor": self.confidence_floor, "tempered_clients": self.tempered_clients,
                 "K": len(self.clusters),
                 "assignment": [-1 if a is None else a for a in self.assignment], "clusters": self.clusters,
                 "structure": self.structure,
@@ -295,7 +306,7 @@ class COSMOS(Algorithm):
     def state_dict(self) -> dict[str, Any]:
         return {"clusters": self.clusters, "assignment": self.assignment, "b0_value": self.b0_value, "how": self.how,
                 "distance_samples": self.distance_samples, "constant_clients": self.constant_clients,
-                "structure": self.structure,
+                "tempered_clients": self.tempered_clients, "structure": self.structure,
                 "distances": None if self.distances is None else torch.from_numpy(self.distances),
                 "centroids": self.centroids, "teachers": [t.state_dict() for t in self.teachers]}
 
@@ -304,6 +315,7 @@ class COSMOS(Algorithm):
         self.assignment = list(state["assignment"])
         self.b0_value, self.how = state["b0_value"], state.get("how")
         self.distance_samples, self.constant_clients = state.get("distance_samples"), state.get("constant_clients", [])
+        self.tempered_clients = state.get("tempered_clients", [])
         self.structure = state.get("structure")
         self.distances = None if state["distances"] is None else state["distances"].numpy()
         self.centroids = list(state["centroids"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -35,6 +35,8 @@ class ClientClustering:
         left: (``auto``) the clients that left their cluster for a teacher of their own.
         dissolved: (``auto``) the clients of the start cut's clusters that were not kept (a teacher of their own).
         start_k: (``auto``) K of the start cut.
+        placed: (``auto``) each uninformative client placed after the others were clustered, with the informative
+            client whose cluster it joined.
     """
 
     labels: np.ndarray
@@ -43,18 +45,23 @@ class ClientClustering:
     left: list[int] = field(default_factory=list)
     dissolved: list[int] = field(default_factory=list)
     start_k: Optional[int] = None
+    placed: dict[int, int] = field(default_factory=dict)
 
     @property
     def clusters(self) -> list[list[int]]:
         """Each cluster's clients, sorted, in order of its label."""
         return [np.flatnonzero(self.labels == k).tolist() for k in range(int(self.labels.max()) + 1)]
 
-    def describe(self) -> str:
-        """How the clusters were chosen, for the run's clustering line."""
+    def describe(self, ids: Optional[Sequence[int]] = None) -> str:
+        """How the clusters were chosen, for the run's clustering line; ``ids`` names the client of each row of the
+        distances (default: row j is client j)."""
         if self.rule == "auto":
+            name = (lambda j: j) if ids is None else (lambda j: ids[j])
+            placed = (f"; uninformative clients placed with the nearest informative one: "
+                      f"{', '.join(f'{name(c)} -> {name(j)}' for c, j in self.placed.items())}" if self.placed else "")
             return (f"auto: average linkage, start cut K={self.start_k}; a cluster is kept at a mean silhouette >= "
-                    f"{FLOOR} and persistence >= {PERSISTENCE}; left their cluster: {self.left}; alone from "
-                    f"clusters not kept: {self.dissolved}")
+                    f"{FLOOR} and persistence >= {PERSISTENCE}; left their cluster: {[name(j) for j in self.left]}; "
+                    f"alone from clusters not kept: {[name(j) for j in self.dissolved]}{placed}")
         return f"B0={self.b0:.4f} ({self.rule})"
 
 
@@ -68,20 +75,25 @@ def check_b0(b0: Union[float, str]) -> None:
         raise ValueError(f"b0={b0!r}: the threshold must be a number >= 0")
 
 
-def cluster_clients(b0: Union[float, str], distances: np.ndarray) -> ClientClustering:
+def cluster_clients(b0: Union[float, str], distances: np.ndarray,
+                    uninformative: Sequence[int] = ()) -> ClientClustering:
     """The clients' clusters under the setting ``b0`` (see the module docstring).
 
     Args:
         b0: a number >= 0, or one of :data:`B0_SETTINGS`.
         distances: ``[N, N]`` symmetric client distances.
+        uninformative: rows of ``distances`` whose clients uploaded (nearly) one distribution for every public
+            sample; ``auto`` places them after clustering the others
+            (:func:`~cosmos_pl.clustering.per_cluster.per_cluster_clustering`); the threshold rules ignore it.
 
     Raises:
-        ValueError: a bad ``b0`` (naming the value and what is allowed) or a non-square matrix.
+        ValueError: a bad ``b0`` (naming the value and what is allowed), a non-square matrix, or an
+            ``uninformative`` row outside the matrix.
     """
     check_b0(b0)
     if b0 == "auto":
-        found = per_cluster_clustering(distances)
+        found = per_cluster_clustering(distances, uninformative=uninformative)
         return ClientClustering(found.labels, "auto", None, found.left, found.alone_dissolved,
-                                int(found.start.max()) + 1)
+                                int(found.start.max()) + 1, found.placed)
     threshold = resolve_b0(b0, distances)
     return ClientClustering(greedy_labels(distances, threshold), b0 if isinstance(b0, str) else "number", threshold)

@@ -21,7 +21,7 @@ import torch
 from cosmos_pl.clustering import native
 from cosmos_pl.errors import DataError, DivergenceError
 
-__all__ = ["METRICS", "pairwise_distances", "public_samples_for", "estimate_rows", "public_subsample", "spread", "CONSTANT_SPREAD", "EXACT_BUDGET", "MIN_ESTIMATE_SAMPLES"]
+__all__ = ["METRICS", "check_pseudo_labels", "pairwise_distances", "public_samples_for", "estimate_rows", "public_subsample", "spread", "CONSTANT_SPREAD", "EXACT_BUDGET", "MIN_ESTIMATE_SAMPLES"]
 
 #: The client distances :func:`pairwise_distances` computes.
 METRICS = ("l1", "l1_hard", "l2")
@@ -36,7 +36,9 @@ _CHUNK_ELEMENTS = 1 << 16  # L2 torch path: elements per chunk (256 KB per clien
 _L1_TORCH_CHUNK = 1 << 12  # L1 torch path: columns per cdist call; short float32 sums keep ~1e-6 relative
 
 
-def _check(pseudo_labels: torch.Tensor, metric: str) -> None:
+def check_pseudo_labels(pseudo_labels: torch.Tensor, metric: str = "l1") -> None:
+    """Raise ValueError for a wrong rank or an unknown metric, DataError for an empty U, DivergenceError for
+    non-finite pseudo-labels (naming the clients)."""
     if pseudo_labels.dim() != 3:
         raise ValueError(f"pseudo_labels must be [N, n, M], got shape {tuple(pseudo_labels.shape)}")
     if metric not in METRICS:
@@ -142,7 +144,7 @@ def pairwise_distances(pseudo_labels: torch.Tensor, metric: Literal["l1", "l1_ha
         DataError: n = 0 (an empty public set U: the distance is a mean over U, undefined on none).
         DivergenceError: a client's pseudo-labels hold NaN or inf (naming the clients).
     """
-    _check(pseudo_labels, metric)
+    check_pseudo_labels(pseudo_labels, metric)
     pseudo_labels = public_subsample(pseudo_labels, budget)
     n_clients, samples = pseudo_labels.shape[0], pseudo_labels.shape[1]
     if metric == "l1":

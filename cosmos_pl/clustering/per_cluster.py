@@ -21,27 +21,38 @@ from the client distances alone (never from group ids):
      joins it to the rest at a mean distance at least :data:`PERSISTENCE` times the one at which its own clients
      were joined (Fred and Jain's lifetime, 2005); otherwise its clients keep teachers of their own.
 
+4. **Uninformative clients placed last.** A client whose upload is (nearly) the same distribution for every public
+   sample (its spread under :data:`~cosmos_pl.clustering.distances.CONSTANT_SPREAD`: typically a model that learnt
+   its label prior and nothing else) says nothing about U; its distances compare priors and confidence. Left in
+   steps 1-3 such clients bend the hierarchy (on ``digits_smoke`` the best cut split them from the rest, and every
+   cluster was then dissolved). So steps 1-3 run on the other clients, and each uninformative client joins the
+   cluster of the informative client nearest it, a nearest-neighbour placement as for a client that missed the
+   clustering round: its prior is nearest the outputs of clients that learnt the same classes (measured on
+   ``digits_smoke``, seeds 0-9: the nearest informative client was one of its own group for every one of the 50
+   uninformative clients).
+
 So an overlapping pair costs at most the clients involved; a client that fits no cluster stays alone without
 sending the others to their own teachers; a cut that joins clients whose uploads disagree (a cluster of every
 client but one, when no group stands out) is dissolved rather than trained as one teacher. Cost: the linkage O(N^2)
 time (nearest-neighbour chain) and memory, each silhouette O(N^2), at most about 2 * :data:`EXHAUSTIVE_CUTS` of
 them (``benchmarks/server_scale.py`` times N = 2,000 and 10,000).
 
-Limits (measured in ``benchmarks/cluster_recovery.py``): groups whose uploads are much closer to each other than to
-the rest (two groups at 0.6 from each other and 1.0 from all others, 0.3 within) can pass as one cluster; clients
-whose uploads agree for a reason other than their data (clients of one architecture that map the classes they never
-saw alike, clients that output their label prior for every sample) look like a group and are clustered as one;
-where groups overlap in most of their pairs it leaves more clients alone than the best threshold would.
+Limits: groups whose uploads are much closer to each other than to the rest (two groups 0.6 from each other and
+1.0 from all others, 0.3 within) pass as one cluster (``tests/test_per_cluster.py``); where groups overlap in most of
+their pairs it leaves more clients alone than the best threshold would, and a weak client whose uploads sit between
+two groups can join the wrong one (``benchmarks/cluster_recovery.py`` gives the figures). Clients whose uploads are
+flat but not constant are compared after the confidence floor (:mod:`~cosmos_pl.clustering.confidence`), not here.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
-__all__ = ["FLOOR", "PERSISTENCE", "EXHAUSTIVE_CUTS", "PerCluster", "per_cluster_clustering"]
+__all__ = ["FLOOR", "PERSISTENCE", "EXHAUSTIVE_CUTS", "MIN_INFORMATIVE", "PerCluster", "per_cluster_clustering"]
 
 #: A cluster is kept when its clients' mean silhouette (against the other clusters) reaches this. Chosen on the
 #: planted federations of ``benchmarks/cluster_recovery.py``: 0.25 split true groups whose uploads overlap in a few
@@ -57,6 +68,10 @@ PERSISTENCE = 1.2
 #: Every cut of the hierarchy is scored while N - 2 <= this; above, a coarse grid of K refined around its best.
 EXHAUSTIVE_CUTS = 128
 
+#: Uninformative clients are placed by step 4 only while at least this many informative clients remain to cluster
+#: (below it, the rule runs on every client: with one or two informative clients there is no structure to read).
+MIN_INFORMATIVE = 3
+
 
 @dataclass
 class PerCluster:
@@ -69,6 +84,7 @@ class PerCluster:
         dissolved: how many clusters of the start were dissolved (mean silhouette below the floor, or not
             persistent): their clients keep teachers of their own.
         alone_dissolved: the clients of those clusters.
+        placed: each uninformative client placed by step 4, with the informative client whose cluster it joined.
     """
 
     labels: np.ndarray
@@ -76,6 +92,7 @@ class PerCluster:
     left: list[int] = field(default_factory=list)
     dissolved: int = 0
     alone_dissolved: list[int] = field(default_factory=list)
+    placed: dict[int, int] = field(default_factory=dict)
 
 
 def _linkage(d: np.ndarray) -> np.ndarray:
@@ -147,8 +164,8 @@ def _silhouettes(d: np.ndarray, members: np.ndarray, outside: np.ndarray) -> np.
         return np.nan_to_num((outside - a) / np.maximum(a, outside))
 
 
-def per_cluster_clustering(distances: np.ndarray, floor: float = FLOOR,
-                           persistence: float = PERSISTENCE) -> PerCluster:
+def per_cluster_clustering(distances: np.ndarray, floor: float = FLOOR, persistence: float = PERSISTENCE,
+                           uninformative: Sequence[int] = ()) -> PerCluster:
     """The ``auto`` rule: average-linkage clusters, each kept, trimmed or dissolved on its own evidence (see the
     module docstring for the steps and their sources).
 
@@ -156,16 +173,47 @@ def per_cluster_clustering(distances: np.ndarray, floor: float = FLOOR,
         distances: ``[N, N]`` symmetric client distances (pseudo-label L1 per public sample, Section 4.1).
         floor: the smallest mean silhouette a cluster of two or more clients keeps (default :data:`FLOOR`).
         persistence: the smallest persistence a kept cluster has (default :data:`PERSISTENCE`).
+        uninformative: clients whose upload is (nearly) one distribution for every public sample (their spread is
+            under :data:`cosmos_pl.clustering.distances.CONSTANT_SPREAD`). While at least
+            :data:`MIN_INFORMATIVE` other clients remain, the rule runs on those, and each uninformative client then
+            joins the cluster of the informative client nearest it (see the module docstring, step 4).
 
     Returns:
         :class:`PerCluster`; N <= 2 gives one cluster (nothing to compare the distance with).
 
     Raises:
-        ValueError: a non-square matrix.
+        ValueError: a non-square matrix, or an ``uninformative`` index outside 0..N-1.
     """
     d = np.asarray(distances, dtype=float)
     if d.ndim != 2 or d.shape[0] != d.shape[1]:
         raise ValueError(f"distances must be a square [N, N] matrix, got shape {d.shape}")
+    n = d.shape[0]
+    flat = np.unique(np.asarray(list(uninformative), dtype=np.int64))
+    if flat.size and (flat.min() < 0 or flat.max() >= n):
+        raise ValueError(f"uninformative clients {flat.tolist()} must lie in 0..{n - 1} (rows of the distances)")
+    informative = np.setdiff1d(np.arange(n), flat)
+    if flat.size == 0 or len(informative) < MIN_INFORMATIVE:
+        return _clustering(d, floor, persistence)
+    inner = _clustering(d[np.ix_(informative, informative)], floor, persistence)
+    nearest = informative[np.argmin(d[np.ix_(flat, informative)], axis=1)]  # ties: the lowest client
+    labels, start = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    labels[informative], start[informative] = inner.labels, inner.start
+    labels[flat], start[flat] = labels[nearest], start[nearest]
+    return PerCluster(_in_order(labels), _in_order(start), informative[inner.left].tolist(), inner.dissolved,
+                      informative[inner.alone_dissolved].tolist(),
+                      {int(c): int(j) for c, j in zip(flat, nearest)})
+
+
+def _in_order(labels: np.ndarray) -> np.ndarray:
+    """``labels`` renumbered 0..K-1 in order of each cluster's lowest client."""
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return rank[inverse]
+
+
+def _clustering(d: np.ndarray, floor: float, persistence: float) -> PerCluster:
+    """Steps 1-3 of the module docstring on every client of ``d`` ``[N, N]``."""
     n = d.shape[0]
     if n <= 2:
         one = np.zeros(n, dtype=np.int64)

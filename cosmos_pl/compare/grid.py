@@ -33,7 +33,8 @@ from cosmos_pl.compare.report import AlgorithmRow, comparison_markdown, summariz
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.files import atomic_write_text
 
-__all__ = ["parse_grid", "grid_points", "plan_grid", "run_grid", "GridPlan", "grid_lines", "validation_markdown"]
+__all__ = ["parse_grid", "grid_points", "plan_grid", "run_grid", "GridPlan", "grid_lines", "validation_markdown",
+           "clustering_markdown"]
 
 ALGORITHM_PREFIXES = ("algorithm.init_args.", "algorithm.")
 
@@ -294,14 +295,41 @@ def validation_markdown(tables: list[tuple[dict[str, Any], list[AlgorithmRow], l
     return "\n".join(lines) + "\n"
 
 
+def clustering_markdown(tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]]) -> str:
+    """How every clustering algorithm clustered at each point: a row per point, a column per algorithm that
+    clusters, each cell K per seed and its mean (* weak structure) and, in a simulation, the adjusted Rand index
+    (:meth:`cosmos_pl.compare.report.Clustering.cell`), with "fell back" where a seed kept no cluster (K = N).
+    Empty when no algorithm clustered. Read beside the accuracy: along the number of clients, a COSMOS row that
+    drops to local-only because its rule kept no cluster says so here."""
+    algorithms = list(dict.fromkeys(r.algorithm for _, rows, _ in tables for r in rows if r.clustering))
+    if not algorithms:
+        return ""
+    lines = ["## Clusters at each point", "",
+             "K per seed and its mean (* weak structure), and the adjusted Rand index against the true groups; "
+             "\"fell back: seeds ...\" where no two clients shared a cluster (K = N), every client distilling a "
+             "teacher of its own.", "",
+             "| point | " + " | ".join(algorithms) + " |", "| --- |" + " --- |" * len(algorithms)]
+    for point, rows, _ in tables:
+        by_name = {r.algorithm: r.clustering for r in rows if r.clustering}
+        cells = []
+        for name in algorithms:
+            c = by_name.get(name)
+            text = "-" if c is None else c.cell()
+            if c is not None and c.alone_seeds:
+                text += f"; fell back: seed{'s' if len(c.alone_seeds) > 1 else ''} {', '.join(map(str, c.alone_seeds))}"
+            cells.append(text)
+        lines.append(f"| {point_name(point)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def grid_markdown(tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]], title: str,
                   metric: str, read_everywhere: frozenset[str] = frozenset()) -> str:
-    """The validation table (:func:`validation_markdown`), then every point's comparison table (as in
-    comparison.md), under a heading naming the point, with its notes."""
+    """The validation table (:func:`validation_markdown`), the clusters at each point (:func:`clustering_markdown`),
+    then every point's comparison table (as in comparison.md), under a heading naming the point, with its notes."""
     parts = [f"# {title}: grid of {len(tables)} points\n"]
-    choosing = validation_markdown(tables, read_everywhere)
-    if choosing:
-        parts.append(choosing)
+    for summary in (validation_markdown(tables, read_everywhere), clustering_markdown(tables)):
+        if summary:
+            parts.append(summary)
     for point, rows, notes in tables:
         heading = ", ".join(f"{k} = {v}" for k, v in point.items())
         body = comparison_markdown(rows, heading, metric)
