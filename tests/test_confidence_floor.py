@@ -68,3 +68,20 @@ def test_the_callers_uploads_are_never_re_tempered_in_their_place():
     assert got.samples == 256 and torch.equal(many, kept)
     out, _ = temper_to_floor(flat, 0.6, in_place=True)  # asked for explicitly: the rows themselves
     assert torch.equal(out, flat) and not torch.equal(flat, before)
+
+
+def test_the_floor_is_the_default_rules_and_a_number_applies_to_every_rule():
+    from cosmos_pl.algorithms import COSMOS
+    from cosmos_pl.clustering import DEFAULT_CONFIDENCE_FLOOR
+    from cosmos_pl.errors import ConfigError
+
+    assert COSMOS(teacher_backbone="test_efficientnet").confidence_floor == DEFAULT_CONFIDENCE_FLOOR == 0.5
+    # a threshold rule or a B0 from the paper reads the paper's plain distance unless a floor is given
+    assert COSMOS(teacher_backbone="test_efficientnet", b0=0.8).confidence_floor == 0.0
+    assert COSMOS(teacher_backbone="test_efficientnet", b0="strict").confidence_floor == 0.0
+    assert COSMOS(teacher_backbone="test_efficientnet", b0="strict", confidence_floor=0.3).confidence_floor == 0.3
+    for bad in (1.0, -0.1, float("nan")):
+        with pytest.raises(ConfigError, match=r"algorithm.init_args.confidence_floor=.*: must be a mean top probability"):
+            COSMOS(teacher_backbone="test_efficientnet", confidence_floor=bad)
+    with pytest.raises(ValueError, match=r"confidence_floor=1.5"):  # refused whatever the metric
+        cluster_inputs(torch.full((2, 3, 2), 0.5), "l1_hard", 1.5)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cosmos_pl.clustering import FLOOR, cluster_clients, per_cluster_clustering, silhouette, silhouettes, structure
-from cosmos_pl.clustering.per_cluster import PERSISTENCE
+from cosmos_pl.clustering.per_cluster import PERSISTENCE, PLACEMENT_MARGIN
 
 
 def _matrix(n: int, rest: float, pairs: dict[tuple[int, int], float]) -> np.ndarray:
@@ -161,3 +161,30 @@ def test_a_documented_limit_two_groups_nearer_each_other_than_the_rest_pass_as_o
     np.fill_diagonal(d, 0.0)
     assert cluster_clients("auto", d).clusters == [[0, 1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11]]
     assert 1.0 / 0.6 >= PERSISTENCE and (1.0 - 0.48) / 1.0 >= FLOOR
+
+
+def test_an_uninformative_client_no_cluster_clearly_claims_keeps_a_teacher_of_its_own():
+    # groups {0,1,2} and {3,4,5}, 0.3 inside and 1.0 between; client 6 uploads its prior only and is 1.8 from the first
+    # group, 1.9 from the second (a group with no informative client of its own). Nearest: client 0, but
+    # 1.8 / 1.9 = 0.947 > PLACEMENT_MARGIN: forcing it into {0,1,2} would mix two groups, so it stays alone.
+    pairs = _groups([3, 3], 0.3)
+    pairs.update({(i, 6): 1.8 for i in range(3)})
+    pairs.update({(i, 6): 1.9 for i in range(3, 6)})
+    d = _matrix(7, 1.0, pairs)
+    assert 1.8 / 1.9 > PLACEMENT_MARGIN
+    found = cluster_clients("auto", d, uninformative=[6])
+    assert found.clusters == [[0, 1, 2], [3, 4, 5], [6]] and found.placed == {} and found.unplaced == [6]
+    assert "uninformative clients alone (no informative cluster clearly nearest): [6]" in found.describe()
+    # at 0.7 from the first group (0.7 / 1.9 = 0.37) it is placed there
+    d[6, :3] = d[:3, 6] = 0.7
+    assert cluster_clients("auto", d, uninformative=[6]).clusters == [[0, 1, 2, 6], [3, 4, 5]]
+
+
+def test_too_few_informative_clients_read_every_client_and_say_so():
+    # clients 0 and 1 informative, 2-4 upload their priors: nothing to place them by
+    pairs = {(2, 3): 0.1, (2, 4): 0.1, (3, 4): 0.1}
+    d = _matrix(5, 1.0, pairs)
+    found = cluster_clients("auto", d, uninformative=[2, 3, 4])
+    assert found.read_all and found.placed == {}
+    assert found.clusters == cluster_clients("auto", d).clusters
+    assert "too few informative clients to place the uninformative ones by" in found.describe()

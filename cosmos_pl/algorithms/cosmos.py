@@ -59,7 +59,7 @@ class COSMOS(Algorithm):
         teacher_backbone: the teachers' architecture (paper: vgg16), one per cluster.
         b0: how clients are clustered. A number: Algorithm 1 at that threshold B0 on the L1 distance per public sample (in [0, 2]). 'auto' (default): cluster by cluster, no single threshold: the best-silhouette cut of an average-linkage hierarchy, then a client on average nearer another cluster leaves its own, and a cluster is kept only at a mean silhouette >= 0.2 that persists in the hierarchy (its clients keep teachers of their own otherwise); a client that uploads one distribution for every public sample is left out of these steps and joins the cluster of the informative client nearest it. Threshold rules for Algorithm 1: 'strict': the best silhouette among the clusterings that separate their clusters over the whole federation, else every client alone (the default before 'auto'); 'silhouette': the best silhouette among all; 'otsu': Otsu's threshold on the distances; 'inf': one cluster.
         distance: client distance: 'l1' (the paper's, on the soft pseudo-labels), 'l1_hard' (L1 on the one-hot pseudo-labels: twice the fraction of U two clients label differently; it ignores confidence, which the soft distance mixes in) or 'l2'.
-        confidence_floor: before the distances, a client whose mean top probability on U is below this is re-tempered (p^beta, renormalized) up to it, so that flat outputs do not look alike whatever classes they favour; clients above it are compared as uploaded, and the teachers always learn from the uploads as sent. 0: the paper's plain distance (e.g. to reproduce a B0 from the paper).
+        confidence_floor: before the distances, a client whose mean top probability on U is below this is re-tempered (p^beta, renormalized) up to about it, so that flat outputs do not look alike whatever classes they favour; clients above it are compared as uploaded, and the teachers always learn from the uploads as sent. null (default): 0.5 under b0 'auto', 0 (the paper's plain distance) under any other b0, so a number or 'strict' reads the distances they read before; a number applies to every b0. Not used with distance 'l1_hard' (the argmax, which re-tempering keeps).
         aggregation: how a cluster's pseudo-labels are combined: mean (paper), median or max.
         ptc_epochs: teacher epochs over U in the PTC round (round 1), training from scratch.
         teacher_epochs: teacher fine-tuning epochs over U in every IFFT round.
@@ -87,7 +87,7 @@ class COSMOS(Algorithm):
         teacher_backbone: str = "resnet10t",
         b0: Union[float, Literal["auto", "strict", "silhouette", "otsu", "inf"]] = "auto",
         distance: Literal["l1", "l1_hard", "l2"] = "l1",
-        confidence_floor: float = DEFAULT_CONFIDENCE_FLOOR,
+        confidence_floor: Optional[float] = None,
         aggregation: Literal["mean", "median", "max"] = "mean",
         ptc_epochs: int = 5,
         teacher_epochs: int = 1,
@@ -115,16 +115,18 @@ class COSMOS(Algorithm):
         check_setting("teacher_batch_size", teacher_batch_size, teacher_batch_size >= 1, ">= 1")
         check_setting("aggregation", aggregation, aggregation in AGGREGATIONS, f"one of {AGGREGATIONS}")
         check_setting("distance", distance, distance in ("l1", "l1_hard", "l2"), "'l1' (paper), 'l1_hard' or 'l2'")
-        check_setting("confidence_floor", confidence_floor, 0 <= confidence_floor < 1,
-                      f"a mean top probability in [0, 1) (0: the paper's plain distance; default "
-                      f"{DEFAULT_CONFIDENCE_FLOOR})")
+        check_setting("confidence_floor", confidence_floor, confidence_floor is None or 0 <= confidence_floor < 1,
+                      "a mean top probability in [0, 1) (0: the paper's plain distance), or null "
+                      f"({DEFAULT_CONFIDENCE_FLOOR} under b0 'auto', 0 otherwise)")
         check_backbone_name(teacher_backbone, "algorithm.init_args.teacher_backbone")  # before any data is loaded
         try:  # a bad B0 fails now, not after round 0 has trained
             check_b0(b0)
         except ValueError as err:
             raise ConfigError(f"algorithm.init_args.{err}") from None
         self.teacher_backbone, self.b0, self.distance, self.aggregation = teacher_backbone, b0, distance, aggregation
-        self.confidence_floor = confidence_floor
+        # the floor is part of the default rule; the threshold rules keep the paper's distance unless asked
+        self.confidence_floor = (confidence_floor if confidence_floor is not None else
+                                 DEFAULT_CONFIDENCE_FLOOR if b0 == "auto" else 0.0)
         self.ptc_epochs, self.teacher_epochs, self.teacher_batch_size = ptc_epochs, teacher_epochs, teacher_batch_size
         self.teacher_optimizer = teacher_optimizer
         self.teacher_finetune_optimizer = teacher_finetune_optimizer
@@ -149,6 +151,7 @@ class COSMOS(Algorithm):
         self.distance_samples: Optional[int] = None  # public samples the distances were computed on
         self.constant_clients: list[int] = []  # clients whose pseudo-labels were the same for every public sample
         self.tempered_clients: list[int] = []  # clients re-tempered to the confidence floor for the distances
+        self.placed_clients: dict[int, int] = {}  # uninformative client -> the informative client it was placed with
         self.distances: Optional[np.ndarray] = None
         self.structure: Optional[dict[str, Any]] = None  # how clear the clustering was (Structure.as_dict)
 
@@ -183,14 +186,21 @@ class COSMOS(Algorithm):
         self.tempered_clients = [ids[j] for j in sorted(got.tempered)]
         if self.tempered_clients:
             self.ctx.log(f"confidence floor: client(s) {self.tempered_clients} uploaded flat pseudo-labels (mean top "
-                         f"probability under {self.confidence_floor}): re-tempered to it for the distances only")
+                         f"probability under {self.confidence_floor}): re-tempered toward it for the distances only")
+        found = cluster_clients(self.b0, self.distances, uninformative=got.uninformative)
         if constant:
-            placed = " (b0 auto places them with the nearest informative client)" if self.b0 == "auto" else ""
+            if self.b0 != "auto":
+                how = ""
+            elif found.read_all:
+                how = (" (too few informative clients to place them by: b0 auto read every client, so these may share "
+                       "a teacher for their priors' sake)")
+            else:
+                how = " (b0 auto placed them after the others: see the clustering line)"
             self.ctx.log(f"warning: client(s) {constant} uploaded nearly the same pseudo-label for every public sample "
                          "(they learnt little beyond their label prior): their distances compare priors, not data"
-                         f"{placed}. Raise clients.pretrain_epochs or give them more data")
+                         f"{how}. Raise clients.pretrain_epochs or give them more data")
         self.distance_samples, self.constant_clients = got.samples, constant
-        found = cluster_clients(self.b0, self.distances, uninformative=got.uninformative)
+        self.placed_clients = {ids[c]: ids[j] for c, j in found.placed.items()}
         self.b0_value, self.how = found.b0, found.describe(ids)
         self.set_clusters([[ids[j] for j in members] for members in found.clusters])
         st = structure(self.distances, found.labels)
@@ -298,6 +308,7 @@ class COSMOS(Algorithm):
         return {"b0": self.b0_value, "b0_setting": self.b0, "chosen_by": self.how, "distance": self.distance,
                 "distance_samples": self.distance_samples, "constant_clients": self.constant_clients,
                 "confidence_floor": self.confidence_floor, "tempered_clients": self.tempered_clients,
+                "placed_clients": {str(c): j for c, j in self.placed_clients.items()},
                 "K": len(self.clusters),
                 "assignment": [-1 if a is None else a for a in self.assignment], "clusters": self.clusters,
                 "structure": self.structure,
@@ -306,7 +317,8 @@ class COSMOS(Algorithm):
     def state_dict(self) -> dict[str, Any]:
         return {"clusters": self.clusters, "assignment": self.assignment, "b0_value": self.b0_value, "how": self.how,
                 "distance_samples": self.distance_samples, "constant_clients": self.constant_clients,
-                "tempered_clients": self.tempered_clients, "structure": self.structure,
+                "tempered_clients": self.tempered_clients, "placed_clients": self.placed_clients,
+                "structure": self.structure,
                 "distances": None if self.distances is None else torch.from_numpy(self.distances),
                 "centroids": self.centroids, "teachers": [t.state_dict() for t in self.teachers]}
 
@@ -316,6 +328,7 @@ class COSMOS(Algorithm):
         self.b0_value, self.how = state["b0_value"], state.get("how")
         self.distance_samples, self.constant_clients = state.get("distance_samples"), state.get("constant_clients", [])
         self.tempered_clients = state.get("tempered_clients", [])
+        self.placed_clients = state.get("placed_clients", {})
         self.structure = state.get("structure")
         self.distances = None if state["distances"] is None else state["distances"].numpy()
         self.centroids = list(state["centroids"])

@@ -37,6 +37,9 @@ class ClientClustering:
         start_k: (``auto``) K of the start cut.
         placed: (``auto``) each uninformative client placed after the others were clustered, with the informative
             client whose cluster it joined.
+        unplaced: (``auto``) uninformative clients left alone (no informative cluster clearly nearest).
+        read_all: (``auto``) uninformative clients were named but too few informative ones remained: the rule read
+            every client and placed none.
     """
 
     labels: np.ndarray
@@ -46,6 +49,8 @@ class ClientClustering:
     dissolved: list[int] = field(default_factory=list)
     start_k: Optional[int] = None
     placed: dict[int, int] = field(default_factory=dict)
+    unplaced: list[int] = field(default_factory=list)
+    read_all: bool = False
 
     @property
     def clusters(self) -> list[list[int]]:
@@ -59,9 +64,14 @@ class ClientClustering:
             name = (lambda j: j) if ids is None else (lambda j: ids[j])
             placed = (f"; uninformative clients placed with the nearest informative one: "
                       f"{', '.join(f'{name(c)} -> {name(j)}' for c, j in self.placed.items())}" if self.placed else "")
+            if self.unplaced:
+                placed += (f"; uninformative clients alone (no informative cluster clearly nearest): "
+                           f"{[name(c) for c in self.unplaced]}")
+            if self.read_all:
+                placed += "; too few informative clients to place the uninformative ones by: the rule read every client"
             return (f"auto: average linkage, start cut K={self.start_k}; a cluster is kept at a mean silhouette >= "
                     f"{FLOOR} and persistence >= {PERSISTENCE}; left their cluster: {[name(j) for j in self.left]}; "
-                    f"alone from clusters not kept: {[name(j) for j in self.dissolved]}{placed}")
+                    f"alone from clusters not kept (before placement): {[name(j) for j in self.dissolved]}{placed}")
         return f"B0={self.b0:.4f} ({self.rule})"
 
 
@@ -94,6 +104,6 @@ def cluster_clients(b0: Union[float, str], distances: np.ndarray,
     if b0 == "auto":
         found = per_cluster_clustering(distances, uninformative=uninformative)
         return ClientClustering(found.labels, "auto", None, found.left, found.alone_dissolved,
-                                int(found.start.max()) + 1, found.placed)
+                                int(found.start.max()) + 1, found.placed, found.unplaced, found.read_all)
     threshold = resolve_b0(b0, distances)
     return ClientClustering(greedy_labels(distances, threshold), b0 if isinstance(b0, str) else "number", threshold)

@@ -31,7 +31,8 @@ _MAX_BETA = 1e4  # an output flat on every sample (all classes tied) never reach
 _TOL = 1e-6  # on log(beta): the search stops when a step moves it less than this (beta to about 1e-6 relative)
 _MAX_STEPS = 100  # safeguarded Newton: about 5-10 steps; the bisection fallback halves the bracket at worst
 _CHUNK_ELEMENTS = 1 << 22  # clients per chunk of the fit: about 16 MB of float32 per [c, n, M] temporary
-#: beta is fitted on at most this many public samples (evenly spaced among those read), then applied to all: a
+#: beta is fitted on at most this many public samples (a fixed random draw among those read, so no periodic order
+#: of U lines up with it), then applied to all: a
 #: client then lands within a few hundredths of the floor (planted, 200 clients, 1,000 samples, M = 100: at most
 #: 0.05 off), which does not matter for a floor, and the fit stays seconds at N = 2,000 clients with M = 100
 #: classes (``benchmarks/server_scale.py``)
@@ -92,7 +93,9 @@ def temper_to_floor(pseudo_labels: torch.Tensor, floor: float,
     Returns:
         ``(tempered [N, n, M] float32, {client row: beta})``: the rows of clients at or above the floor are the
         input's; the dict names the re-tempered rows with their exponent beta (> 1), fitted on at most
-        :data:`FIT_SAMPLES` public samples (exactly to the floor where n is no more than that).
+        :data:`FIT_SAMPLES` public samples (exactly to the floor where n is no more than that; a client whose fitted
+        samples already reach the floor is left as it is). An output with every class tied on every sample cannot
+        be lifted: it gets the largest exponent tried and stays as it is.
 
     Raises:
         ValueError: ``floor`` outside [0, 1).
@@ -107,7 +110,8 @@ def temper_to_floor(pseudo_labels: torch.Tensor, floor: float,
     out = pseudo_labels.detach() if own else pseudo_labels.detach().to("cpu", torch.float32).clone()
     betas: dict[int, float] = {}
     samples = out.shape[1]
-    fit = torch.from_numpy(np.unique(np.linspace(0, samples - 1, min(samples, FIT_SAMPLES)).round().astype(np.int64)))
+    fit = torch.arange(samples) if samples <= FIT_SAMPLES else torch.from_numpy(
+        np.sort(np.random.default_rng(0).choice(samples, size=FIT_SAMPLES, replace=False)))
     step = max(1, _CHUNK_ELEMENTS // max(1, len(fit) * out.shape[2]))
     for start in range(0, len(low), step):
         rows = torch.from_numpy(low[start:start + step])
@@ -115,7 +119,8 @@ def temper_to_floor(pseudo_labels: torch.Tensor, floor: float,
         # -inf * 0 = nan
         logp = out[rows[:, None], fit[None, :]].clamp_min(1e-30).log()  # [c, fitted, M]
         beta = _exponents(logp - logp.amax(dim=-1, keepdim=True), floor)
-        betas.update({int(i): float(b) for i, b in zip(rows, beta)})
+        # a client already at the floor on the fitted samples (beta 1) is left as it is
+        betas.update({int(i): float(b) for i, b in zip(rows, beta) if b > 1.0})
     for i, beta in betas.items():  # then every sample, one client at a time in float32 (softmax shifts by the max)
         out[i] = torch.softmax(out[i].clamp_min(1e-30).log_() * beta, dim=-1)
     return out, betas

@@ -50,10 +50,12 @@ def cluster_inputs(uploads: torch.Tensor, metric: str = "l1", confidence_floor: 
         budget: the work budget of exact distances.
 
     Raises:
-        ValueError: a wrong rank, an unknown metric or a floor outside [0, 1).
+        ValueError: a wrong rank, an unknown metric or a floor outside [0, 1) (whatever the metric).
         DataError: an empty U.
         DivergenceError: non-finite pseudo-labels (naming the clients).
     """
+    if not 0.0 <= confidence_floor < 1.0:  # checked whatever the metric, though l1_hard does not use it
+        raise ValueError(f"confidence_floor={confidence_floor!r}: give a mean top probability in [0, 1) (0: no floor)")
     if uploads.dim() != 3:
         check_pseudo_labels(uploads, metric)  # raises, naming the shape
     read = public_subsample(uploads, budget)
