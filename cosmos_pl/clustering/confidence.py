@@ -18,7 +18,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["DEFAULT_CONFIDENCE_FLOOR", "FIT_SAMPLES", "mean_confidence", "temper_to_floor"]
+from cosmos_pl.clustering.distances import estimate_rows
+
+__all__ = ["DEFAULT_CONFIDENCE_FLOOR", "FIT_SAMPLES", "check_confidence_floor", "mean_confidence",
+           "temper_to_floor"]
 
 #: The default floor, chosen among 0.4, 0.5, 0.6, 0.7 and 0.8 on ``benchmarks/cluster_recovery.py``'s federations.
 #: Fashion-MNIST at 40 clients (5 seeds): mean ARI 0.43 with no floor, 0.87 at 0.4, 0.97 at 0.5 and 0.6, 0.95 at 0.7,
@@ -31,12 +34,18 @@ _MAX_BETA = 1e4  # an output flat on every sample (all classes tied) never reach
 _TOL = 1e-6  # on log(beta): the search stops when a step moves it less than this (beta to about 1e-6 relative)
 _MAX_STEPS = 100  # safeguarded Newton: about 5-10 steps; the bisection fallback halves the bracket at worst
 _CHUNK_ELEMENTS = 1 << 22  # clients per chunk of the fit: about 16 MB of float32 per [c, n, M] temporary
-#: beta is fitted on at most this many public samples (a fixed random draw among those read, so no periodic order
-#: of U lines up with it), then applied to all: a
-#: client then lands within a few hundredths of the floor (planted, 200 clients, 1,000 samples, M = 100: at most
-#: 0.05 off), which does not matter for a floor, and the fit stays seconds at N = 2,000 clients with M = 100
-#: classes (``benchmarks/server_scale.py``)
+#: beta is fitted on at most this many public samples (the fixed random draw of
+#: :func:`~cosmos_pl.clustering.distances.estimate_rows`, so no periodic order of U lines up with it), then applied to
+#: all: a client lands within a few hundredths of the floor (planted, 200 clients, 1,000 samples, M = 100: at most
+#: 0.05 off), which does not matter for a floor, and the fit stays seconds at N = 2,000 clients with M = 100 classes
+#: (``benchmarks/server_scale.py``)
 FIT_SAMPLES = 256
+
+
+def check_confidence_floor(floor: float) -> None:
+    """Raise ValueError naming ``floor`` unless it is a mean top probability in [0, 1) (0: no floor)."""
+    if not 0.0 <= floor < 1.0:
+        raise ValueError(f"confidence_floor={floor!r}: give a mean top probability in [0, 1) (0: no floor)")
 
 
 def mean_confidence(pseudo_labels: torch.Tensor) -> np.ndarray:
@@ -100,8 +109,7 @@ def temper_to_floor(pseudo_labels: torch.Tensor, floor: float,
     Raises:
         ValueError: ``floor`` outside [0, 1).
     """
-    if not 0.0 <= floor < 1.0:
-        raise ValueError(f"confidence_floor={floor!r}: give a mean top probability in [0, 1) (0: no floor)")
+    check_confidence_floor(floor)
     conf = mean_confidence(pseudo_labels)
     low = np.flatnonzero(conf < floor)
     if low.size == 0:
@@ -110,8 +118,8 @@ def temper_to_floor(pseudo_labels: torch.Tensor, floor: float,
     out = pseudo_labels.detach() if own else pseudo_labels.detach().to("cpu", torch.float32).clone()
     betas: dict[int, float] = {}
     samples = out.shape[1]
-    fit = torch.arange(samples) if samples <= FIT_SAMPLES else torch.from_numpy(
-        np.sort(np.random.default_rng(0).choice(samples, size=FIT_SAMPLES, replace=False)))
+    drawn = estimate_rows(samples, FIT_SAMPLES)  # the distances' fixed draw of U, sized for the fit
+    fit = torch.arange(samples) if drawn is None else torch.from_numpy(drawn)
     step = max(1, _CHUNK_ELEMENTS // max(1, len(fit) * out.shape[2]))
     for start in range(0, len(low), step):
         rows = torch.from_numpy(low[start:start + step])

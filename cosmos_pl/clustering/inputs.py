@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from cosmos_pl.clustering.confidence import temper_to_floor
+from cosmos_pl.clustering.confidence import check_confidence_floor, temper_to_floor
 from cosmos_pl.clustering.distances import (CONSTANT_SPREAD, EXACT_BUDGET, check_pseudo_labels, pairwise_distances,
                                            public_subsample, spread)
 
@@ -54,8 +54,7 @@ def cluster_inputs(uploads: torch.Tensor, metric: str = "l1", confidence_floor: 
         DataError: an empty U.
         DivergenceError: non-finite pseudo-labels (naming the clients).
     """
-    if not 0.0 <= confidence_floor < 1.0:  # checked whatever the metric, though l1_hard does not use it
-        raise ValueError(f"confidence_floor={confidence_floor!r}: give a mean top probability in [0, 1) (0: no floor)")
+    check_confidence_floor(confidence_floor)  # whatever the metric, though l1_hard does not use it
     if uploads.dim() != 3:
         check_pseudo_labels(uploads, metric)  # raises, naming the shape
     read = public_subsample(uploads, budget)
