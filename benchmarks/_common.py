@@ -15,7 +15,7 @@ from cosmos_pl.data import FashionMNIST, GroupDirichlet, build_federation
 from cosmos_pl.training.client import ClientConfig
 from cosmos_pl.federated.executor import ExecutorConfig
 from cosmos_pl.federated.runner import Runner
-from cosmos_pl.training.stages import TrainerConfig
+from cosmos_pl.training.config import TrainerConfig
 from cosmos_pl.transforms import Transformations
 
 LR_LABELS, LR_PSEUDO = 1e-3, 1e-4  # Appendix C: Adam 1e-3 on labels, 1e-4 on pseudo-labels (teachers too)
@@ -82,7 +82,8 @@ def ptc_uploads(config: Path, seed: int, num_clients: int, cache: Path, round0: 
         return torch.from_numpy(got["uploads"]), got["groups"]
     from lightning.fabric.utilities.seed import seed_everything
 
-    from cosmos_pl.algorithms.base import ServerResult, Upload
+    from cosmos_pl.algorithms.base import ServerResult
+    from cosmos_pl.objectives.protocol import Upload
     from cosmos_pl.cli import _round0_key, build_fit_parser
     from cosmos_pl.config import validate_config
 

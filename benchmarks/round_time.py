@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import LR_LABELS, LR_PSEUDO, build_runner, cosmos_round, emit  # noqa: E402
 
 from cosmos_pl.aggregation import aggregate  # noqa: E402
-from cosmos_pl.training.stages import stage_seed  # noqa: E402
-from cosmos_pl.losses import distillation_loss  # noqa: E402
+from cosmos_pl.objectives.distill import distillation_loss  # noqa: E402
+from cosmos_pl.training.config import stage_seed  # noqa: E402
 from cosmos_pl.transforms import prepare  # noqa: E402
 
 
@@ -53,7 +53,7 @@ def _predict(model, x, batch_size=1024):
 
 
 def bare_round(runner, rnd: int = 2) -> float:
-    cc, algo, t = runner.ccfg, runner.algorithm, runner.runtime.transformations
+    cc, algo, t = runner.client_config, runner.algorithm, runner.runtime.transformations
     clients = runner.clients.clients  # the in-process clients: models and data
 
     def ce(m, x, y):

@@ -5,7 +5,12 @@ import torch
 from torch import nn
 
 from cosmos_pl.algorithms import ALGORITHMS, COMET, COSMOS, FedAvg, FedCT, FedMD, LocalOnly, algorithm_class
-from cosmos_pl.algorithms.base import Distill, FederationContext, JointFit, LoadWeights, LocalFit, UnionFit, Upload
+from cosmos_pl.algorithms.base import FederationContext
+from cosmos_pl.objectives.distill import Distill
+from cosmos_pl.objectives.joint import JointFit
+from cosmos_pl.objectives.local_fit import LocalFit
+from cosmos_pl.objectives.protocol import LoadWeights, Upload
+from cosmos_pl.objectives.union import UnionFit
 from cosmos_pl.algorithms.comet import kmeans, kmeans_clusters
 from cosmos_pl.algorithms.fedavg import weighted_average
 from cosmos_pl.algorithms.fedct import majority_vote
@@ -16,14 +21,15 @@ from cosmos_pl.algorithms.fedmd import consensus_mean
 def teachers_learn_their_target_exactly(monkeypatch):
     """COSMOS's real teacher stage runs (aggregation, temperature, fit, prediction); only the Lightning fit is
     replaced by a 'perfect' one: the teacher then predicts exactly the target it was trained on."""
-    from cosmos_pl.training import stages
+    from cosmos_pl.objectives import distill
+    from cosmos_pl.training import inference
 
     def fit_distillation(model, x, target, **kwargs):
         model.learned = target.clone()
         return [{"loss": 0.0}]
 
-    monkeypatch.setattr(stages, "fit_distillation", fit_distillation)
-    monkeypatch.setattr(stages, "predict_probs", lambda model, x, trainer, where="inference": model.learned)
+    monkeypatch.setattr(distill, "fit_distillation", fit_distillation)
+    monkeypatch.setattr(inference, "predict_probs", lambda model, x, trainer, where="inference": model.learned)
 
 
 def _ctx(n_clients, n=2, m=2, backbones=None, sizes=None, **kw):

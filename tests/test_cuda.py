@@ -9,8 +9,10 @@ import torch
 from torch import nn
 
 from cosmos_pl.federated.executor import Executor, ExecutorConfig
-from cosmos_pl.modules import default_optimizer
-from cosmos_pl.training.stages import TrainerConfig, fit_supervised, predict_probs
+from cosmos_pl.objectives.local_fit import fit_supervised
+from cosmos_pl.training.config import TrainerConfig
+from cosmos_pl.training.inference import predict_probs
+from cosmos_pl.training.module import default_optimizer
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

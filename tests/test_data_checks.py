@@ -32,7 +32,8 @@ from cosmos_pl.errors import ConfigError, DataError, UserError
 from test_data import FixedCounts  # the hand-made partitioner of test_data.py
 from cosmos_pl.training.client import ClientConfig
 from cosmos_pl.federated.runner import Runner
-from cosmos_pl.training.stages import TrainerConfig, evaluate
+from cosmos_pl.training.config import TrainerConfig
+from cosmos_pl.training.inference import evaluate
 from cosmos_pl.report import mean_sem
 
 CPU = TrainerConfig(accelerator="cpu", channels_last=False)

@@ -8,9 +8,11 @@ from torch import nn
 
 from cosmos_pl.errors import DeviceMemoryError
 from cosmos_pl.federated.executor import Executor, ExecutorConfig, TaskFailure
-from cosmos_pl.modules import default_optimizer
-from cosmos_pl.training.config import apply_determinism
-from cosmos_pl.training.stages import TrainerConfig, fit_distillation, fit_supervised, predict_probs
+from cosmos_pl.objectives.distill import fit_distillation
+from cosmos_pl.objectives.local_fit import fit_supervised
+from cosmos_pl.training.config import TrainerConfig, apply_determinism
+from cosmos_pl.training.inference import predict_probs
+from cosmos_pl.training.module import default_optimizer
 
 CPU = TrainerConfig(accelerator="cpu", channels_last=False)
 

@@ -21,7 +21,10 @@ pytest.importorskip("flwr", reason="the [flower] extra is not installed (make te
 from flwr.app import ConfigRecord, Context, RecordDict  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from cosmos_pl.algorithms.base import Distill, JointFit, LocalFit, UnionFit  # noqa: E402
+from cosmos_pl.objectives.distill import Distill  # noqa: E402
+from cosmos_pl.objectives.joint import JointFit  # noqa: E402
+from cosmos_pl.objectives.local_fit import LocalFit  # noqa: E402
+from cosmos_pl.objectives.union import UnionFit  # noqa: E402
 from cosmos_pl.cli import build_fit_parser  # noqa: E402
 from cosmos_pl.communication import decode, encode  # noqa: E402
 from cosmos_pl.errors import ConfigError  # noqa: E402
@@ -31,7 +34,7 @@ from cosmos_pl.federated.run_directory import RunDirectory  # noqa: E402
 from cosmos_pl.flower import node, server_app, wire  # noqa: E402
 from cosmos_pl.federated.runner import Runner, ServerData  # noqa: E402
 from cosmos_pl.flower.server import FlowerClients, NodesMissing  # noqa: E402
-from cosmos_pl.training.steps import steps_from_wire, steps_to_wire  # noqa: E402
+from cosmos_pl.objectives.step import steps_from_wire, steps_to_wire  # noqa: E402
 from cosmos_pl.uploads import UploadSpec, check_upload  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_flower.yaml"

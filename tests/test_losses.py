@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from cosmos_pl.losses import apply_temperature, distillation_loss
+from cosmos_pl.losses import apply_temperature
+from cosmos_pl.objectives.distill import distillation_loss
 
 
 def test_kl_batchmean_by_hand():

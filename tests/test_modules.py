@@ -4,8 +4,11 @@ import pytest
 import torch
 from torch import nn
 
-from cosmos_pl.training.stages import TrainerConfig, evaluate, fit_distillation, fit_supervised, predict_probs
-from cosmos_pl.modules import DistillationModule, default_optimizer
+from cosmos_pl.objectives.distill import DistillationModule, fit_distillation
+from cosmos_pl.objectives.local_fit import fit_supervised
+from cosmos_pl.training.config import TrainerConfig
+from cosmos_pl.training.inference import evaluate, predict_probs
+from cosmos_pl.training.module import default_optimizer
 from cosmos_pl.transforms import Transformations
 
 CPU = TrainerConfig(accelerator="cpu", channels_last=False)

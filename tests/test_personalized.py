@@ -16,8 +16,10 @@ from cosmos_pl.algorithms.fedavg import weighted_average
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.models.personal import PersonalAndGlobal, head_name, load_shared_weights, shared_weights
 from cosmos_pl.training.config import TrainerConfig
-from cosmos_pl.training.stages import fine_tune, fit_proximal, fit_supervised, start_global
-from cosmos_pl.training.steps import FineTune, LocalFit, ProxFit, StartGlobal
+from cosmos_pl.objectives.finetune import FineTune, fine_tune
+from cosmos_pl.objectives.local_fit import LocalFit, fit_supervised
+from cosmos_pl.objectives.protocol import StartGlobal, start_global
+from cosmos_pl.objectives.proximal import ProxFit, fit_proximal
 from cosmos_pl.transforms import prepare
 
 

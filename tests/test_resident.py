@@ -11,7 +11,7 @@ from torch import nn
 from cosmos_pl.federated.executor import Executor, ExecutorConfig
 from cosmos_pl.federated.transfer import (RESIDENT_ATTR, Held, Keep, Residents, Skeleton, Weights, architecture, pack,
                                           unpack)
-from cosmos_pl.training import stages
+from cosmos_pl.training import engine
 
 
 def test_a_resident_tensor_is_packed_whole_once_per_worker_then_by_name():
@@ -93,19 +93,19 @@ def test_a_stage_keeps_one_device_copy_of_a_resident_tensor():
     meta = torch.device("meta")  # a device every machine has: copies without memory
     u = torch.zeros(3)
     setattr(u, RESIDENT_ATTR, "U")
-    first = stages._to_device(u, meta)
-    assert first.device == meta and stages._to_device(u, meta) is first  # the same copy, not a new one
+    first = engine.to_device(u, meta)
+    assert first.device == meta and engine.to_device(u, meta) is first  # the same copy, not a new one
     plain = torch.zeros(3)
-    assert stages._to_device(plain, meta) is not stages._to_device(plain, meta)  # not resident: copied each time
+    assert engine.to_device(plain, meta) is not engine.to_device(plain, meta)  # not resident: copied each time
     del u
     gc.collect()
     again = torch.ones(3)  # a new tensor under the same name (a later run in this process) gets its own copy
     setattr(again, RESIDENT_ATTR, "U")
-    assert stages._to_device(again, meta) is not first
+    assert engine.to_device(again, meta) is not first
 
 
 def test_the_stages_read_the_tag_the_transfer_writes():
     u = torch.zeros(2)
     Residents().add("U", u)  # tags it with RESIDENT_ATTR
-    first = stages._to_device(u, torch.device("meta"))
-    assert stages._to_device(u, torch.device("meta")) is first  # the stage saw the tag: one copy
+    first = engine.to_device(u, torch.device("meta"))
+    assert engine.to_device(u, torch.device("meta")) is first  # the stage saw the tag: one copy

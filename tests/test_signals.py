@@ -16,11 +16,12 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
 from cosmos_pl import cli, signals
-from cosmos_pl.training import stages
-from cosmos_pl.training import steps as client_steps
 from cosmos_pl.federated.executor import Executor, ExecutorConfig
-from cosmos_pl.training.stages import TrainerConfig, fit_supervised
-from cosmos_pl.modules import default_optimizer
+from cosmos_pl.objectives import distill as distill_objective
+from cosmos_pl.objectives.local_fit import fit_supervised
+from cosmos_pl.training import engine
+from cosmos_pl.training.config import TrainerConfig
+from cosmos_pl.training.module import default_optimizer
 from cosmos_pl.signals import Interrupted
 
 
@@ -145,15 +146,15 @@ def test_a_stop_lost_inside_a_lightning_stage_stops_it_at_the_end_of_that_batch(
 def test_sigterm_lost_in_a_lightning_stage_exits_143_with_the_resume_line(repo_root, tmp_path, monkeypatch, capsys):
     """The stop is lost in client 0's first distillation step of round 1; without the per-batch check, Lightning's
     SIGTERMException escapes the stage (alone it would end the process with exit 0)."""
-    monkeypatch.setattr(stages._StopRequests, "on_train_batch_end", lambda self, *a, **k: None)
-    distill = client_steps.fit_distillation
+    monkeypatch.setattr(engine.StopRequests, "on_train_batch_end", lambda self, *a, **k: None)
+    distill = distill_objective.fit_distillation
 
-    def fit(model, **kwargs):
+    def fit(model, *args, **kwargs):  # the teachers' stage too (they call it with x and targets by position)
         if kwargs["where"] == "round 1, client distillation, client 0":
             model.register_forward_pre_hook(lambda module, args: _lose(signal.SIGTERM))
-        return distill(model, **kwargs)
+        return distill(model, *args, **kwargs)
 
-    monkeypatch.setattr(client_steps, "fit_distillation", fit)
+    monkeypatch.setattr(distill_objective, "fit_distillation", fit)
     seen = []
     report = cli._interrupted
     monkeypatch.setattr(cli, "_interrupted", lambda err, command: seen.append(err) or report(err, command))

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from cosmos_pl.losses import adjust_to_prior
-from cosmos_pl.training.stages import TrainerConfig, evaluate_models
+from cosmos_pl.training.config import TrainerConfig
+from cosmos_pl.training.inference import evaluate_models
 
 CPU = TrainerConfig(accelerator="cpu", channels_last=False)
 

@@ -19,9 +19,12 @@ from torch import nn
 from cosmos_pl.cli import run
 from cosmos_pl.errors import ConfigError, DivergenceError, UserError
 from cosmos_pl.federated.failures import RoundFailed
-from cosmos_pl.training.stages import TrainerConfig, evaluate, fit_distillation, fit_joint, fit_supervised, \
-    predict_probs
-from cosmos_pl.modules import default_optimizer
+from cosmos_pl.objectives.distill import fit_distillation
+from cosmos_pl.objectives.joint import fit_joint
+from cosmos_pl.objectives.local_fit import fit_supervised
+from cosmos_pl.training.config import TrainerConfig
+from cosmos_pl.training.inference import evaluate, predict_probs
+from cosmos_pl.training.module import default_optimizer
 from cosmos_pl.transforms import Transformations
 
 CPU = TrainerConfig(accelerator="cpu", channels_last=False)
@@ -134,7 +137,7 @@ def test_b_nonfinite_targets_are_refused_before_training(stage):
 
 def test_a_losses_checked_late_on_a_gpu_still_name_the_first_bad_step():
     """On a GPU the losses are checked every CHECK_EVERY steps; the message still names the first bad one."""
-    from cosmos_pl.modules import SupervisedModule
+    from cosmos_pl.objectives.local_fit import SupervisedModule
 
     module = SupervisedModule(_Counting(), default_optimizer(1e-3), where="round 3, co-training, client 1",
                               optimizer_key="clients.optimizer")
@@ -310,12 +313,12 @@ def test_backbones_are_dry_run_on_the_data_shape_and_the_random_state_is_kept():
 ])
 def test_cli_backbone_that_cannot_take_8x8_digits_fails_before_any_training(repo_root, tmp_path, monkeypatch,
                                                                            flags, key):
-    import cosmos_pl.training.steps as client_steps
+    from cosmos_pl.objectives import local_fit
 
     def no_training(*args, **kwargs):
         raise AssertionError("a client trained before the backbones were checked")
 
-    monkeypatch.setattr(client_steps, "fit_supervised", no_training)
+    monkeypatch.setattr(local_fit, "fit_supervised", no_training)
     with pytest.raises(ConfigError) as err:
         _fit(repo_root, tmp_path, *flags)
     msg = _one_line(err)

@@ -7,7 +7,9 @@ names the models scored for each client (:meth:`Algorithm.eval_models`) and keep
 (:meth:`Algorithm.state_dict`). This follows Flower's configure/aggregate split and FL-bench's small
 per-method classes.
 
-A round is an ordered list of steps. At most one :class:`Upload` appears; the server step runs right after
+A round is an ordered list of steps (:mod:`cosmos_pl.objectives`: one module per client objective; an algorithm
+imports its steps in :meth:`Algorithm.plan`, so its settings are parsed without Lightning). At most one
+:class:`~cosmos_pl.objectives.protocol.Upload` appears; the server step runs right after
 it, and every later step that needs targets reads the ones it returned. A client without a target (it did
 not upload, or it belongs to no cluster yet) skips those steps this round.
 """
@@ -15,19 +17,20 @@ not upload, or it belongs to no cluster yet) skips those steps this round.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Union
 
 import torch
 from torch import nn
 
 from cosmos_pl.errors import check
-# the client steps of a plan; their client behaviour and wire encoding live with them
-from cosmos_pl.training.steps import Distill, JointFit, LoadWeights, LocalFit, Step, UnionFit, Upload
 
-__all__ = [
-    "Algorithm", "FederationContext", "ServerResult",
-    "LocalFit", "Upload", "Distill", "JointFit", "UnionFit", "LoadWeights", "Step", "check_setting",
-]
+if TYPE_CHECKING:  # the steps of a plan live with their objectives (cosmos_pl.objectives), which import Lightning
+    from cosmos_pl.objectives.protocol import LoadWeights, Upload
+    from cosmos_pl.objectives.step import ClientStep
+
+    Step = Union[ClientStep, Upload, LoadWeights]
+
+__all__ = ["Algorithm", "FederationContext", "ServerResult", "check_setting"]
 
 
 # --------------------------------------------------------------------------- what the runner gives

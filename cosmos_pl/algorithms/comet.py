@@ -21,14 +21,16 @@ Scored model: the client model f_i.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import numpy as np
 import torch
 
-from cosmos_pl.algorithms.base import (Algorithm, Distill, JointFit, LocalFit, ServerResult, Step, Upload,
-                                       check_setting)
+from cosmos_pl.algorithms.base import Algorithm, ServerResult, check_setting
 from cosmos_pl.communication import pseudo_label_bytes
+
+if TYPE_CHECKING:
+    from cosmos_pl.algorithms.base import Step
 
 __all__ = ["COMET", "kmeans", "kmeans_clusters"]
 
@@ -98,6 +100,11 @@ class COMET(Algorithm):
                     f"{ctx.num_clients}: COMET uses K = {ctx.num_clients} (one client per cluster); lower num_clusters")
 
     def plan(self, rnd: int) -> list[Step]:
+        from cosmos_pl.objectives.distill import Distill
+        from cosmos_pl.objectives.joint import JointFit
+        from cosmos_pl.objectives.local_fit import LocalFit
+        from cosmos_pl.objectives.protocol import Upload
+
         local = self.ctx.local_epochs if self.epochs is None else self.epochs
         if self.mode == "sequential":
             return [Upload("soft"), Distill(self.ctx.distill_epochs), LocalFit(local)]

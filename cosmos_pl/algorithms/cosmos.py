@@ -15,20 +15,23 @@ is reported beside it.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 import numpy as np
 import torch
 from torch import nn
 
 from cosmos_pl.aggregation import AGGREGATIONS, aggregate
-from cosmos_pl.algorithms.base import Algorithm, Distill, LocalFit, ServerResult, Step, Upload, check_setting
+from cosmos_pl.algorithms.base import Algorithm, ServerResult, check_setting
 from cosmos_pl.clustering import DEFAULT_CONFIDENCE_FLOOR, check_b0, cluster_clients, cluster_inputs, structure
 from cosmos_pl.communication import pseudo_label_bytes
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.losses import apply_temperature
 from cosmos_pl.models import check_backbone_name, count_parameters
 from cosmos_pl.optim import OptimizerCallable
+
+if TYPE_CHECKING:
+    from cosmos_pl.algorithms.base import Step
 
 __all__ = ["COSMOS", "teacher_stage"]
 
@@ -46,7 +49,8 @@ def teacher_stage(model: nn.Module, cluster_labels: torch.Tensor, aggregation: s
         DivergenceError: the teacher's training or its pseudo-labels are non-finite.
     """
     target = apply_temperature(aggregate(cluster_labels, aggregation), temperature)
-    from cosmos_pl.training.stages import fit_distillation, predict_probs  # Lightning: only where a teacher trains
+    from cosmos_pl.objectives.distill import fit_distillation  # Lightning: only where a teacher trains
+    from cosmos_pl.training.inference import predict_probs
 
     losses = fit_distillation(model, x, target, **fit)
     return predict_probs(model, x, fit["trainer"], fit.get("where", "inference")), losses
@@ -159,6 +163,10 @@ class COSMOS(Algorithm):
         return "PTC" if rnd == 1 else "IFFT"
 
     def plan(self, rnd: int) -> list[Step]:
+        from cosmos_pl.objectives.distill import Distill
+        from cosmos_pl.objectives.local_fit import LocalFit
+        from cosmos_pl.objectives.protocol import Upload
+
         steps: list[Step] = [] if rnd == 1 else [LocalFit(self.ctx.local_epochs)]
         return steps + [Upload("soft"), Distill(self.ctx.distill_epochs, self.client_lambda_, self.num_views,
                                                 self.consistency_target_grad, freeze_bn=self.client_freeze_bn,

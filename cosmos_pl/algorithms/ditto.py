@@ -4,7 +4,7 @@ Source: T. Li, S. Hu, A. Beirami, V. Smith, "Ditto: Fair and Robust Federated Le
 ICML 2021, Eq. 2 and Algorithm 1. Each client holds its personal model v_i and a copy of the global model w
 (:class:`~cosmos_pl.models.personal.PersonalAndGlobal`). In a round, a client taking part
 1. updates v_i on its data D_i with ``F_i(v_i) + lambda / 2 * ||v_i - w^t||^2`` for ``personal_epochs`` epochs,
-   w^t being the global model it holds (:class:`~cosmos_pl.training.steps.ProxFit`);
+   w^t being the global model it holds (:class:`~cosmos_pl.objectives.proximal.ProxFit`);
 2. trains its copy of w^t with cross-entropy for ``clients.local_epochs`` epochs and sends it;
 3. loads w^{t+1}, the server's sample-weighted average of the copies sent (FedAvg's rule).
 Both updates start from w^t, as in Algorithm 1. A client's first round starts its copy of the global model from
@@ -17,15 +17,17 @@ Scored model: the personal model v_i. Bytes: the global model's float tensors, u
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from torch import nn
 
-from cosmos_pl.algorithms.base import Algorithm, LoadWeights, LocalFit, ServerResult, Step, Upload, check_setting
+from cosmos_pl.algorithms.base import Algorithm, ServerResult, check_setting
 from cosmos_pl.algorithms.fedavg import require_one_backbone, weighted_average
 from cosmos_pl.communication import state_dict_bytes
 from cosmos_pl.models.personal import PersonalAndGlobal
-from cosmos_pl.training.steps import ProxFit, StartGlobal
+
+if TYPE_CHECKING:
+    from cosmos_pl.algorithms.base import Step
 
 __all__ = ["Ditto"]
 
@@ -56,6 +58,10 @@ class Ditto(Algorithm):
         return PersonalAndGlobal(model)
 
     def plan(self, rnd: int) -> list[Step]:
+        from cosmos_pl.objectives.local_fit import LocalFit
+        from cosmos_pl.objectives.protocol import LoadWeights, StartGlobal, Upload
+        from cosmos_pl.objectives.proximal import ProxFit
+
         personal = self.ctx.local_epochs if self.personal_epochs is None else self.personal_epochs
         return [StartGlobal(), ProxFit(personal, self.lambda_), LocalFit(self.ctx.local_epochs, part="shared"),
                 Upload("weights"), LoadWeights()]

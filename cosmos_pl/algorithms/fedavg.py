@@ -14,13 +14,16 @@ Scored model: the client model f_i (after loading the average, the global model)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cosmos_pl.algorithms.base import Algorithm, LoadWeights, LocalFit, ServerResult, Step, Upload
+from cosmos_pl.algorithms.base import Algorithm, ServerResult
 from cosmos_pl.communication import state_dict_bytes
 from cosmos_pl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from cosmos_pl.algorithms.base import Step
 
 __all__ = ["FedAvg", "weighted_average", "require_one_backbone"]
 
@@ -65,6 +68,9 @@ class FedAvg(Algorithm):
         require_one_backbone("FedAvg", backbones)
 
     def plan(self, rnd: int) -> list[Step]:
+        from cosmos_pl.objectives.local_fit import LocalFit
+        from cosmos_pl.objectives.protocol import LoadWeights, Upload
+
         return [LocalFit(self.ctx.local_epochs), Upload("weights"), LoadWeights()]
 
     def server_step(self, rnd: int, uploads: dict[int, Any]) -> ServerResult:

@@ -5,7 +5,7 @@ ICLR 2022, Section 3 and Algorithm 1. The classifier head keeps its (shared) ran
 training and never travels; clients train the body on their data and the server averages the bodies (FedAvg's
 sample-weighted rule, over the body's float tensors only). Each client is scored by the global model fine-tuned on
 its own data: the personal model becomes the global body with the fixed head, and the whole of it trains for
-``finetune_epochs`` epochs (:class:`~cosmos_pl.training.steps.FineTune`).
+``finetune_epochs`` epochs (:class:`~cosmos_pl.objectives.finetune.FineTune`).
 
 A client holds both (:class:`~cosmos_pl.models.personal.PersonalAndGlobal` with ``share_head=False``). A round for a
 client taking part: cross-entropy on its copy of the global model (head frozen) for ``clients.local_epochs``
@@ -21,15 +21,17 @@ Scored model: the fine-tuned personal model. Bytes: the body's float tensors, up
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from cosmos_pl.algorithms.base import Algorithm, LoadWeights, LocalFit, ServerResult, Step, Upload, check_setting
+from cosmos_pl.algorithms.base import Algorithm, ServerResult, check_setting
 from cosmos_pl.algorithms.fedavg import require_one_backbone, weighted_average
 from cosmos_pl.communication import state_dict_bytes
 from cosmos_pl.models.personal import PersonalAndGlobal
-from cosmos_pl.training.steps import FineTune, StartGlobal
+
+if TYPE_CHECKING:
+    from cosmos_pl.algorithms.base import Step
 
 __all__ = ["FedBABU"]
 
@@ -57,6 +59,10 @@ class FedBABU(Algorithm):
         return PersonalAndGlobal(model, share_head=False)
 
     def plan(self, rnd: int) -> list[Step]:
+        from cosmos_pl.objectives.finetune import FineTune
+        from cosmos_pl.objectives.local_fit import LocalFit
+        from cosmos_pl.objectives.protocol import LoadWeights, StartGlobal, Upload
+
         return [StartGlobal(with_head=False), LocalFit(self.ctx.local_epochs, part="shared"), Upload("weights"),
                 LoadWeights(), FineTune(self.finetune_epochs)]
 

@@ -12,13 +12,16 @@ Scored model: the client model f_i.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.nn.functional as F
 
-from cosmos_pl.algorithms.base import Algorithm, ServerResult, Step, UnionFit, Upload, check_setting
+from cosmos_pl.algorithms.base import Algorithm, ServerResult, check_setting
 from cosmos_pl.communication import hard_label_bytes
+
+if TYPE_CHECKING:
+    from cosmos_pl.algorithms.base import Step
 
 __all__ = ["FedCT", "majority_vote"]
 
@@ -48,6 +51,9 @@ class FedCT(Algorithm):
         self.epochs = epochs
 
     def plan(self, rnd: int) -> list[Step]:
+        from cosmos_pl.objectives.protocol import Upload
+        from cosmos_pl.objectives.union import UnionFit
+
         return [Upload("hard"), UnionFit(self.ctx.local_epochs if self.epochs is None else self.epochs)]
 
     def server_step(self, rnd: int, uploads: dict[int, torch.Tensor]) -> ServerResult:

@@ -15,12 +15,15 @@ Scored model: the client model f_i.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from cosmos_pl.algorithms.base import Algorithm, Distill, LocalFit, ServerResult, Step, Upload, check_setting
+from cosmos_pl.algorithms.base import Algorithm, ServerResult, check_setting
 from cosmos_pl.communication import pseudo_label_bytes
+
+if TYPE_CHECKING:
+    from cosmos_pl.algorithms.base import Step
 
 __all__ = ["FedMD", "consensus_mean"]
 
@@ -46,6 +49,10 @@ class FedMD(Algorithm):
         self.digest_epochs, self.revisit_epochs = digest_epochs, revisit_epochs
 
     def plan(self, rnd: int) -> list[Step]:
+        from cosmos_pl.objectives.distill import Distill
+        from cosmos_pl.objectives.local_fit import LocalFit
+        from cosmos_pl.objectives.protocol import Upload
+
         digest = self.ctx.distill_epochs if self.digest_epochs is None else self.digest_epochs
         revisit = self.ctx.local_epochs if self.revisit_epochs is None else self.revisit_epochs
         return [Upload("soft"), Distill(digest), LocalFit(revisit)]

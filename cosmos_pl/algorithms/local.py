@@ -8,7 +8,12 @@ Scored model: the client model f_i.
 
 from __future__ import annotations
 
-from cosmos_pl.algorithms.base import Algorithm, LocalFit, Step
+from typing import TYPE_CHECKING
+
+from cosmos_pl.algorithms.base import Algorithm
+
+if TYPE_CHECKING:
+    from cosmos_pl.algorithms.base import Step
 
 __all__ = ["LocalOnly"]
 
@@ -23,4 +28,6 @@ class LocalOnly(Algorithm):
         return "local"
 
     def plan(self, rnd: int) -> list[Step]:
+        from cosmos_pl.objectives.local_fit import LocalFit
+
         return [LocalFit(self.ctx.local_epochs)]

@@ -10,7 +10,8 @@ the round, roll back) its model.
 Two implementations: :class:`cosmos_pl.federated.in_process.InProcessClients` (this process and its executor's
 workers hold the clients' models and data; a simulation, which also knows the true groups) and
 :class:`cosmos_pl.flower.server.FlowerClients` (each client's node holds them; a deployment, which knows nothing of
-the sort). Both run the same client runtime (:class:`cosmos_pl.training.steps.ClientRuntime`).
+the sort). Both run the same client runtime (:class:`cosmos_pl.objectives.runtime.ClientRuntime`), and both are
+built from a :class:`~cosmos_pl.federated.server_view.ServerView`, never from the round loop itself.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Optional
 
 from torch import nn
 
-from cosmos_pl.training.steps import ClientStep
+from cosmos_pl.objectives.step import ClientStep
 
 __all__ = ["ClientInfo", "Clients", "Scores", "SimulationFacts"]
 
@@ -107,8 +108,18 @@ class Clients:
 
     def pretrain(self, epochs: int, cache: Any = None, key: str = "") -> dict[int, Any]:
         """Round 0: ``epochs`` of cross-entropy on each client's own data, like :meth:`train` with a LocalFit; the
-        in-process clients may load the models of an earlier run with the same settings from ``cache``."""
+        in-process clients may load the models of an earlier run with the same settings from ``cache`` (a folder),
+        keyed by ``key`` (the settings that decide round 0)."""
         raise NotImplementedError
+
+    def round0_losses(self) -> Optional[dict[str, float]]:
+        """Round 0's mean losses when its models were loaded, not trained (:meth:`pretrain` from a cache), else
+        None."""
+        return None
+
+    def pretrained(self, losses: Optional[dict[str, float]]) -> None:
+        """Round 0 ended with these mean ``losses`` (None: a client failed it); the in-process clients keep its
+        models in the cache then."""
 
     def simulation(self) -> Optional[SimulationFacts]:
         """What only a simulation knows (true groups), or None in a deployment."""

@@ -1,4 +1,7 @@
-"""Test-only fault injection: make chosen clients misbehave, to test how a run survives it (issue 9).
+"""Test-only fault injection: make chosen clients misbehave, to test how a run survives it.
+
+The faults ride on a wrapper of the run's clients, :class:`FaultyClients` (:func:`wrap`, a no-op unless the
+variable below is set), so the round loop and the transports carry no fault code of their own.
 
 Set ``COSMOS_PL_TEST_FAULTS`` to a JSON list of ``{"round": r, "client": i, "step": s, "kind": k}``; nothing
 reads it in normal use. Task faults (``step`` is a stage: 'local training', 'pseudo-labels', 'client
@@ -12,7 +15,10 @@ distillation', 'joint training', 'co-training'):
 Upload faults (``step`` 'upload'): ``shape`` (a row missing), ``dtype`` (float64 values), ``nan_values``,
 ``negative``, ``row_sum`` (rows scaled by 1.5), ``fingerprint`` (another public set's).
 
-``drop`` (``step`` 'round'): the client sits the round out, as a reference for "left out from that round".
+``drop`` (``step`` 'round'): the client sits the round out, as a reference for "left out from that round": it is
+asked to train, upload and load nothing that round.
+
+Task faults apply to in-process clients (their tasks are wrapped where they run); upload and drop faults to any.
 """
 
 from __future__ import annotations
@@ -26,10 +32,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
+from torch import nn
 
 from cosmos_pl.communication import Payload
+from cosmos_pl.federated.clients import Clients, Scores, SimulationFacts
+from cosmos_pl.objectives.runtime import ClientRuntime
+from cosmos_pl.objectives.step import ClientStep, Task
+from cosmos_pl.training.client import Client
 
-__all__ = ["ENV", "Fault", "load", "find", "run_with_fault", "corrupt"]
+__all__ = ["ENV", "Fault", "FaultyClients", "FaultyRuntime", "load", "find", "run_with_fault", "corrupt", "wrap"]
 
 ENV = "COSMOS_PL_TEST_FAULTS"
 TASK_KINDS = ("raise", "nan", "hang", "kill")
@@ -101,3 +112,102 @@ def corrupt(payload: Payload, kind: str) -> Payload:
     elif kind == "fingerprint":
         fingerprint = "0" * 16
     return Payload(values, payload.indices, payload.num_classes, payload.dtype, fingerprint)
+
+
+class FaultyRuntime(ClientRuntime):
+    """A client runtime whose tasks carry the planned task faults (:func:`run_with_fault`)."""
+
+    faults: list[Fault]
+
+    @classmethod
+    def of(cls, runtime: ClientRuntime, faults: list[Fault]) -> "FaultyRuntime":
+        """``runtime``'s settings, with ``faults``."""
+        faulty = cls(runtime.seed, runtime.clients, runtime.transformations, runtime.trainer, runtime.public,
+                     runtime.num_classes)
+        faulty.faults = faults
+        return faulty
+
+    def _with_fault(self, rnd: int, stage: str, client: int, task: Task) -> Task:
+        kind = find(self.faults, rnd, client, stage)
+        if kind not in TASK_KINDS:
+            return task
+        fn, kwargs = task
+        return run_with_fault, {"_fault_fn": fn, "_fault_kind": kind, **kwargs}
+
+    def train(self, client: Client, rnd: int, step: ClientStep, target: Optional[torch.Tensor] = None) -> Task:
+        return self._with_fault(rnd, step.stage, client.id, super().train(client, rnd, step, target))
+
+    def predict(self, client: Client, rnd: int) -> Task:
+        return self._with_fault(rnd, "pseudo-labels", client.id, super().predict(client, rnd))
+
+
+class FaultyClients(Clients):
+    """``clients`` with the planned faults: a dropped client is asked nothing that round (no training, upload or
+    weights), an upload fault corrupts what the client sent, and the task faults go into the in-process clients'
+    runtime (their ``runtime`` attribute). Everything else is ``clients``' own."""
+
+    def __init__(self, clients: Clients, faults: list[Fault]) -> None:
+        self.clients, self.faults, self.infos = clients, faults, clients.infos
+        if isinstance(getattr(clients, "runtime", None), ClientRuntime):
+            clients.runtime = FaultyRuntime.of(clients.runtime, faults)
+
+    def _taking_part(self, rnd: int, ids: list[int]) -> list[int]:
+        return [i for i in ids if find(self.faults, rnd, i, "round") != "drop"]
+
+    def train(self, rnd: int, step: ClientStep, ids: list[int], targets: dict[int, Any]) -> dict[int, Any]:
+        ids = self._taking_part(rnd, ids)
+        return self.clients.train(rnd, step, ids, targets) if ids else {}
+
+    def upload(self, rnd: int, kind: str, ids: list[int]) -> dict[int, Any]:
+        ids = self._taking_part(rnd, ids)
+        got = self.clients.upload(rnd, kind, ids) if ids else {}
+        for i, item in got.items():
+            fault = find(self.faults, rnd, i, "upload")
+            if kind != "weights" and isinstance(item, Payload) and fault in UPLOAD_KINDS:
+                got[i] = corrupt(item, fault)
+        return got
+
+    def load_weights(self, rnd: int, states: dict[int, dict[str, Any]]) -> dict[int, Any]:
+        taking_part = set(self._taking_part(rnd, list(states)))
+        return self.clients.load_weights(rnd, {i: s for i, s in states.items() if i in taking_part})
+
+    def begin_round(self, rnd: int) -> None:
+        self.clients.begin_round(rnd)
+
+    def fail(self, rnd: int, client: int) -> None:
+        self.clients.fail(rnd, client)
+
+    def end_round(self, rnd: int, models: dict[int, dict[str, nn.Module]], evaluate: bool) -> tuple[Scores,
+                                                                                                     dict[int, Any]]:
+        return self.clients.end_round(rnd, models, evaluate)
+
+    def pretrain(self, epochs: int, cache: Any = None, key: str = "") -> dict[int, Any]:
+        return self.clients.pretrain(epochs, cache, key)
+
+    def round0_losses(self) -> Optional[dict[str, float]]:
+        return self.clients.round0_losses()
+
+    def pretrained(self, losses: Optional[dict[str, float]]) -> None:
+        self.clients.pretrained(losses)
+
+    def simulation(self) -> Optional[SimulationFacts]:
+        return self.clients.simulation()
+
+    def bytes(self, rnd: int) -> dict[str, int]:
+        return self.clients.bytes(rnd)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.clients.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.clients.load_state_dict(state)
+
+    def close(self) -> None:
+        self.clients.close()
+
+
+def wrap(clients: Clients) -> Clients:
+    """``clients`` with the faults of ``$COSMOS_PL_TEST_FAULTS`` (:class:`FaultyClients`), or ``clients`` itself
+    when none are planned (normal use)."""
+    planned = load()
+    return FaultyClients(clients, planned) if planned else clients

@@ -2,11 +2,12 @@
 
 :class:`InProcessClients` implements :class:`~cosmos_pl.federated.clients.Clients` over a
 :class:`~cosmos_pl.data.Federation`: each client's step is a task of the client runtime
-(:class:`~cosmos_pl.training.steps.ClientRuntime`) run on the executor (in this process, or in its worker
+(:class:`~cosmos_pl.objectives.runtime.ClientRuntime`) run on the executor (in this process, or in its worker
 processes), the same tasks a Flower node runs. Models are replaced, never trained in place (the executor trains
-copies), so the model a client had when the round began is what it goes back to when it fails. It also keeps the
-round-0 cache (``cosmos-pl compare``: round 0 trained once per seed for every algorithm) and the test-only task
-faults, and it alone knows the true groups of the partition (:meth:`InProcessClients.simulation`).
+copies), so the model a client had when the round began is what it goes back to when it fails. It also sizes the
+executor's workers and checks ``/dev/shm`` from the clients' data it holds, keeps the round-0 cache
+(``cosmos-pl compare``: round 0 trained once per seed for every algorithm), and it alone knows the true groups of the
+partition (:meth:`InProcessClients.simulation`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import copy
 import fcntl
 import hashlib
+import math
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -21,17 +23,21 @@ import torch
 from torch import nn
 
 from cosmos_pl import signals
+from cosmos_pl.algorithms.base import Algorithm
 from cosmos_pl.communication import CommunicationConfig
 from cosmos_pl.data import Federation
 from cosmos_pl.errors import DivergenceError
-from cosmos_pl.federated import faults
 from cosmos_pl.federated.clients import ClientInfo, Clients, Scores, SimulationFacts
-from cosmos_pl.federated.executor import TaskFailure
+from cosmos_pl.federated.executor import Executor, TaskFailure, check_shared_memory, shared_memory_needed
+from cosmos_pl.federated.initial_models import client_backbone, initial_model
+from cosmos_pl.federated.server_view import ServerView
 from cosmos_pl.files import atomic_save
 from cosmos_pl.models import count_parameters
-from cosmos_pl.training.client import Client
 from cosmos_pl.models.personal import load_shared_weights, personal_model, shared_weights
-from cosmos_pl.training.steps import ClientRuntime, ClientStep, LocalFit, Task, encode_upload
+from cosmos_pl.objectives.local_fit import LocalFit
+from cosmos_pl.objectives.runtime import ClientRuntime, encode_upload
+from cosmos_pl.objectives.step import ClientStep
+from cosmos_pl.training.client import Client
 
 __all__ = ["InProcessClients"]
 
@@ -42,7 +48,7 @@ class InProcessClients(Clients):
     Args:
         federation: the clients' data and U.
         backbones: each client's architecture name ``[N]``.
-        models: each client's initial model ``[N]`` (the runner builds them, seeded).
+        models: each client's initial model ``[N]`` (:func:`~cosmos_pl.federated.initial_models.initial_model`).
         runtime: the client runtime (settings every step reads).
         comm: how soft uploads are encoded.
         fingerprint: U's fingerprint, tagged on every upload.
@@ -63,41 +69,73 @@ class InProcessClients(Clients):
                                  0 if c.data.y_val is None else len(c.data.y_val),
                                  count_parameters(personal_model(c.model)))
                       for c in self.clients]
-        self.faults = faults.load()  # test-only fault injection (empty unless COSMOS_PL_TEST_FAULTS is set)
         self._start: dict[int, nn.Module] = {}
+        self.cached_losses: Optional[dict[str, float]] = None
 
     @classmethod
-    def of_runner(cls, runner: Any, federation: Federation) -> "InProcessClients":
-        """The federation's clients with their initial models, each built by ``runner.make_backbone`` seeded from
-        (seed, 0, "init", id), or id 0 for an algorithm whose clients share their initial weights (FedAvg)."""
-        from cosmos_pl.training.config import stage_seed
+    def build(cls, view: ServerView, *, federation: Federation, executor: Executor, algorithm: Algorithm,
+              server_model_bytes: Callable[[], int]) -> "InProcessClients":
+        """The federation's clients with their initial models
+        (:func:`~cosmos_pl.federated.initial_models.initial_model`), their data resident on ``executor``'s workers;
+        then ``executor``'s workers sized and ``/dev/shm`` checked for them (:meth:`size_workers`).
 
-        names, algorithm = runner.ccfg.backbones, runner.algorithm
-        backbones = [names[i % len(names)] for i in range(federation.num_clients)]
+        Args:
+            server_model_bytes: float32 bytes of the largest server-side model (a teacher; 0 without one).
+
+        Raises:
+            ConfigError: the clients cannot run ``algorithm`` (:meth:`Algorithm.validate`), or a parallel executor's
+                shared memory is too small (:func:`~cosmos_pl.federated.executor.check_shared_memory`).
+        """
+        runtime, data = view.runtime, view.data
+        backbones = [client_backbone(runtime.clients.backbones, i) for i in range(federation.num_clients)]
         algorithm.validate(backbones)
-        models = [algorithm.client_model(runner.make_backbone(
-            name, stage_seed(runner.seed, 0, "init", 0 if algorithm.shared_init else i)))
-            for i, name in enumerate(backbones)]
+        models = [initial_model(algorithm, name, i, runtime.seed, data.num_classes, data.in_chans, data.image_shape)
+                  for i, name in enumerate(backbones)]
         # a client's data is the same all run: each worker is sent it once and keeps it (and one GPU copy)
-        for i, data in enumerate(federation.clients):
-            for split, tensor in (("x", data.x), ("y", data.y), ("x_test", data.x_test), ("y_test", data.y_test),
-                                  ("x_val", data.x_val), ("y_val", data.y_val)):
+        for i, client_data in enumerate(federation.clients):
+            for split, tensor in (("x", client_data.x), ("y", client_data.y), ("x_test", client_data.x_test),
+                                  ("y_test", client_data.y_test), ("x_val", client_data.x_val),
+                                  ("y_val", client_data.y_val)):
                 if tensor is not None:
-                    runner.executor.keep_resident(f"client {i} {split}", tensor)
-        return cls(federation, backbones, models, runner.runtime, runner.comm, runner.fingerprint, runner.run_tasks,
-                   runner.executor.threads, algorithm.shared_init, runner.console.print)
+                    executor.keep_resident(f"client {i} {split}", tensor)
+        clients = cls(federation, backbones, models, runtime, view.communication, view.fingerprint, view.run_tasks,
+                      executor.threads, algorithm.shared_init, view.console.print)
+        clients.size_workers(executor, data.in_chans * math.prod(data.image_shape), len(view.public),
+                             view.public.numel(), data.num_classes, server_model_bytes)
+        return clients
+
+    def size_workers(self, executor: Executor, sample_bytes: int, public_size: int, public_bytes: int,
+                     num_classes: int, server_model_bytes: Callable[[], int]) -> None:
+        """``executor.workers_per_device: auto`` on GPUs: workers per GPU from the largest model (a client's or a
+        teacher's, ``server_model_bytes()``) and the data a worker may keep on its GPU (every client's training set
+        and U, ``sample_bytes`` each for a client's sample); then, for a parallel executor, what a run may move into
+        shared memory must fit in ``/dev/shm``.
+
+        Raises:
+            ConfigError: ``/dev/shm`` is too small (:func:`~cosmos_pl.federated.executor.check_shared_memory`).
+        """
+        infos = self.infos
+        if executor.cfg.workers_per_device == "auto" and any(d is not None for d in executor.devices):
+            line = executor.size_workers(
+                parameters=max([c.parameters for c in infos] + [server_model_bytes() // 4]),
+                # a worker may come to hold a GPU copy of every client's training data and of U (keep_resident)
+                data_bytes=sum(c.train_size for c in infos) * sample_bytes + public_bytes, tasks=len(infos))
+            if line:
+                self.log(line)
+                self.threads = executor.threads  # the round-0 cache is keyed by the threads per task
+        if executor.parallel:
+            workers = len(executor.slots)
+            check_shared_memory(shared_memory_needed(
+                samples=sum(c.train_size + c.test_size + c.validation_size for c in infos),
+                sample_bytes=sample_bytes + 8,  # uint8 pixels, int64 label
+                public_bytes=public_bytes,
+                upload_bytes=len(infos) * public_size * num_classes * 4,  # [|U|, M] float32 each
+                parameters=sum(c.parameters for c in infos), server_model_bytes=server_model_bytes(),
+                workers=workers), workers)
 
     # ----------------------------------------------------------------- helpers
-    def _with_fault(self, rnd: int, stage: str, client: int, task: Task) -> Task:
-        kind = faults.find(self.faults, rnd, client, stage) if self.faults else None
-        if kind not in faults.TASK_KINDS:
-            return task
-        fn, kwargs = task
-        return faults.run_with_fault, {"_fault_fn": fn, "_fault_kind": kind, **kwargs}
-
     def _train(self, rnd: int, step: ClientStep, ids: list[int], targets: dict[int, Any]) -> dict[int, Any]:
-        tasks = [self._with_fault(rnd, step.stage, i, self.runtime.train(self.clients[i], rnd, step, targets.get(i)))
-                 for i in ids]
+        tasks = [self.runtime.train(self.clients[i], rnd, step, targets.get(i)) for i in ids]
         costs = [count_parameters(self.clients[i].model) * len(self.clients[i].data.y) for i in ids]
         out = {}
         for i, (model, losses) in zip(ids, self.run_tasks(rnd, step.stage, tasks, costs, trains=True, tolerate=True)):
@@ -118,7 +156,7 @@ class InProcessClients(Clients):
     def upload(self, rnd: int, kind: str, ids: list[int]) -> dict[int, Any]:
         if kind == "weights":
             return {i: shared_weights(self.clients[i].model) for i in ids}
-        tasks = [self._with_fault(rnd, "pseudo-labels", i, self.runtime.predict(self.clients[i], rnd)) for i in ids]
+        tasks = [self.runtime.predict(self.clients[i], rnd) for i in ids]
         costs = [count_parameters(self.clients[i].model) * len(self.runtime.public) for i in ids]
         out: dict[int, Any] = {}
         for i, (_, probs) in zip(ids, self.run_tasks(rnd, "pseudo-labels", tasks, costs, tolerate=True)):
@@ -156,10 +194,10 @@ class InProcessClients(Clients):
         """Round 0 (see :meth:`Clients.pretrain`). With ``cache`` (a folder), the trained round-0 models are kept
         there under a hash of ``key`` (the settings that decide round 0) plus the thread count and the algorithm's
         initialization; a later run with the same hash loads them instead of training, with identical numbers
-        (:attr:`cached_losses` then holds the losses the first run recorded). A file lock lets runs side by side
-        wait for each other: it is held until :meth:`keep_round0`."""
+        (:meth:`round0_losses` then returns the losses the first run recorded). A file lock lets runs side by side
+        wait for each other: it is held until :meth:`pretrained`."""
         ids = [c.id for c in self.clients]
-        self.cached_losses: Optional[dict[str, float]] = None
+        self.cached_losses = None
         if cache is None:
             return self._train(0, LocalFit(epochs), ids, {}) if epochs > 0 else {}
         # the cache holds each client's personal model (personal_model): round 0 trains only that (LocalFit's
@@ -176,11 +214,14 @@ class InProcessClients(Clients):
                 personal_model(c.model).load_state_dict(state)
             self.cached_losses = dict(saved["losses"])
             self.log(f"round 0: client models loaded from {self._round0}")
-            self.keep_round0(None)
+            self.pretrained(None)
             return {}
         return self._train(0, LocalFit(epochs), ids, {}) if epochs > 0 else {}
 
-    def keep_round0(self, losses: Optional[dict[str, float]]) -> None:
+    def round0_losses(self) -> Optional[dict[str, float]]:
+        return None if self.cached_losses is None else dict(self.cached_losses)
+
+    def pretrained(self, losses: Optional[dict[str, float]]) -> None:
         """After round 0: save its models to the cache with the round's mean ``losses`` (None: not shared, e.g. a
         client failed), and let the next run in."""
         lock = getattr(self, "_round0_lock", None)

@@ -13,7 +13,6 @@ from typing import Any, Callable
 import torch
 
 from cosmos_pl.communication import decode, state_dict_bytes
-from cosmos_pl.federated import faults
 from cosmos_pl.federated.executor import TaskFailure
 from cosmos_pl.uploads import RejectedUpload, UploadSpec, check_upload, check_weights
 
@@ -21,8 +20,8 @@ __all__ = ["accept_uploads"]
 
 
 def accept_uploads(rnd: int, kind: str, got: dict[int, Any], spec: UploadSpec,
-                   reference: Callable[[int], dict[str, torch.Tensor]], fail: Callable[[int, int, str, str], None],
-                   planned: list) -> tuple[dict[int, Any], int]:
+                   reference: Callable[[int], dict[str, torch.Tensor]], fail: Callable[[int, int, str, str], None]
+                   ) -> tuple[dict[int, Any], int]:
     """``({client: decoded [n, M] or state dict}, bytes of one accepted upload)`` from what the clients sent.
 
     Args:
@@ -30,7 +29,6 @@ def accept_uploads(rnd: int, kind: str, got: dict[int, Any], spec: UploadSpec,
         spec: what a pseudo-label upload must be (``kind`` soft or hard).
         reference: ``client -> the float tensors its weights must match`` (FedAvg).
         fail: ``(round, client, step, reason)``, called for each client refused.
-        planned: the test-only upload faults (``cosmos_pl.federated.faults``; empty in normal use).
     """
     received = {}
     for i, item in got.items():
@@ -49,9 +47,6 @@ def accept_uploads(rnd: int, kind: str, got: dict[int, Any], spec: UploadSpec,
         return valid, max((state_dict_bytes(s) for s in received.values()), default=0)
     decoded, sizes = {}, []
     for i, payload in received.items():
-        fault = faults.find(planned, rnd, i, "upload")
-        if fault in faults.UPLOAD_KINDS:
-            payload = faults.corrupt(payload, fault)
         try:
             check_upload(payload, spec)
         except RejectedUpload as err:

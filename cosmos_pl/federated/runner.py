@@ -5,16 +5,17 @@ step by step (local fit, upload and the server step, distill, joint or union fit
 evaluated round every client scores its own f_i and the models the algorithm names for it (COSMOS: its teacher
 h_pi(i)) on its own test set, and the rows, then the round checkpoint, are written. The server side holds U, the
 class list and what the clients report about themselves; the clients are behind
-:class:`~cosmos_pl.federated.clients.Clients` (in-process, or Flower nodes). The runner owns the executor, the upload
-checks (:mod:`~cosmos_pl.federated.received`), the failure policy (:mod:`~cosmos_pl.federated.round_state`), the
-records and the checkpoints; an algorithm owns only its server step and its state.
+:class:`~cosmos_pl.federated.clients.Clients` (in-process, or Flower nodes), built from a
+:class:`~cosmos_pl.federated.server_view.ServerView` (what they may know of the server, never the runner). The runner
+owns the executor, the upload checks (:mod:`~cosmos_pl.federated.received`), the failure policy
+(:mod:`~cosmos_pl.federated.round_state`), the records and the checkpoints; an algorithm owns only its server step and
+its state.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -24,7 +25,7 @@ from rich.console import Console
 from torch import nn
 
 from cosmos_pl import signals
-from cosmos_pl.algorithms.base import Algorithm, FederationContext, LoadWeights, LocalFit, ServerResult, Upload
+from cosmos_pl.algorithms.base import Algorithm, FederationContext, ServerResult
 from cosmos_pl.communication import CommunicationConfig
 from cosmos_pl.data import Federation
 from cosmos_pl.federated import checkpoint, faults
@@ -32,20 +33,24 @@ from cosmos_pl.federated.checkpoint import CheckpointConfig
 from cosmos_pl.federated.clients import Clients
 from cosmos_pl.federated.evaluation import (round_line, round_rows, structure_columns, summarize_run,
                                             with_adjusted_rand_index)
-from cosmos_pl.federated.executor import Executor, ExecutorConfig, TaskFailure, check_shared_memory, \
-    shared_memory_needed
+from cosmos_pl.federated.executor import Executor, ExecutorConfig, TaskFailure
 from cosmos_pl.federated.failures import FailureConfig, RoundFailed
+from cosmos_pl.federated.in_process import InProcessClients
 from cosmos_pl.federated.received import accept_uploads
 from cosmos_pl.federated.recorder import Recorder
 from cosmos_pl.federated.round_state import RoundState
 from cosmos_pl.federated.sampling import sampled_clients
 from cosmos_pl.federated.server_data import ServerData
+from cosmos_pl.federated.server_view import ServerView
 from cosmos_pl.federated.tasks import TaskRunner
 from cosmos_pl.models import check_backbones, create_backbone
 from cosmos_pl.models.personal import shared_weights
+from cosmos_pl.objectives.local_fit import LocalFit
+from cosmos_pl.objectives.protocol import LoadWeights, Upload
+from cosmos_pl.objectives.runtime import ClientRuntime
+from cosmos_pl.objectives.step import ClientStep
 from cosmos_pl.training.client import ClientConfig
 from cosmos_pl.training.config import TrainerConfig, stage_seed
-from cosmos_pl.training.steps import ClientRuntime, ClientStep
 from cosmos_pl.transforms import Transformations
 from cosmos_pl.uploads import UploadSpec, public_fingerprint
 
@@ -62,7 +67,10 @@ class Runner:
         clients: the clients' settings (backbones, epochs, optimizers).
         rounds: R >= 1, communication rounds after round 0.
         seed: the experiment seed; every stage is seeded from (seed, round, stage, id).
-        transport: ``(runner) -> Clients``, the clients over another transport (Flower); default in-process.
+        transport: ``(view) -> Clients``, the clients over another transport (Flower), built from a
+            :class:`~cosmos_pl.federated.server_view.ServerView`; default in-process
+            (:meth:`~cosmos_pl.federated.in_process.InProcessClients.build`). With ``$COSMOS_PL_TEST_FAULTS`` set,
+            the clients are wrapped with the test faults (:func:`cosmos_pl.federated.faults.wrap`).
         evaluate_every: score the clients every this many rounds, or ``"final"`` (round 0 and the final round
             always).
         headline_metric: ``top1`` or ``top5`` (M >= 20): what summary.json's headline and best round are judged by.
@@ -82,26 +90,25 @@ class Runner:
                  checkpoints: Optional[CheckpointConfig] = None, checkpoint_meta: Optional[dict[str, Any]] = None,
                  headline_metric: str = "top1", evaluate_every: int | str = 1,
                  clients_per_round: Optional[int | float] = None,
-                 transport: Optional[Callable[["Runner"], Clients]] = None) -> None:
+                 transport: Optional[Callable[[ServerView], Clients]] = None) -> None:
         if rounds < 1:
             raise ValueError(f"rounds={rounds}: at least 1 communication round is needed")
         if not clients.backbones:
             raise ValueError("clients.backbones is empty: give at least one timm/torchvision name")
         self.server = federation if isinstance(federation, ServerData) else \
             ServerData(federation.public_x, list(federation.classes))
-        self.algorithm, self.ccfg, self.rounds, self.seed = algorithm, clients, rounds, seed
-        self.tcfg, self.comm = trainer or TrainerConfig(), communication or CommunicationConfig()
+        self.algorithm, self.client_config, self.rounds, self.seed = algorithm, clients, rounds, seed
+        self.trainer, self.comm = trainer or TrainerConfig(), communication or CommunicationConfig()
         self.recorder, self.console = recorder or Recorder(), console or Console()
         self.failure_cfg, self.checkpoint_cfg = failures or FailureConfig(), checkpoints or CheckpointConfig()
         self.checkpoint_meta, self.headline_metric = dict(checkpoint_meta or {}), headline_metric
         self.evaluate_every, self.clients_per_round = evaluate_every, clients_per_round
         self.taking_part: Optional[list[int]] = None  # this round's sampled clients (None: every client)
-        self.executor = Executor(executor or ExecutorConfig(), self.tcfg.accelerator)
+        self.executor = Executor(executor or ExecutorConfig(), self.trainer.accelerator)
         self.run_tasks = TaskRunner(self.executor, self.console, self.failure_cfg.timeout_s)
         self.public, self.round_seconds, self.clusters_info = self.server.public_x, {}, {}
         self.executor.keep_resident("U", self.public)  # sent to each worker once, kept there (and one GPU copy)
         self.fingerprint = public_fingerprint(self.public)
-        self.faults = faults.load()  # test-only fault injection (empty unless COSMOS_PL_TEST_FAULTS is set)
         self.last_checkpoint: Optional[Path] = None
         self.previous_wall = 0.0  # seconds spent before a resume
         self.extra_bytes: dict[str, list[int]] = {"evaluation": [], "setup": []}
@@ -109,62 +116,35 @@ class Runner:
                          **algorithm.server_backbones()},
                         self.server.num_classes, (self.server.in_chans, *self.server.image_shape))
         self.runtime = ClientRuntime(seed, clients, transformations if transformations is not None else
-                                     Transformations(), self.tcfg, self.public, self.server.num_classes)
+                                     Transformations(), self.trainer, self.public, self.server.num_classes)
         if transport is None:
-            from cosmos_pl.federated.in_process import InProcessClients
-
-            transport = functools.partial(InProcessClients.of_runner, federation=federation)
-        self.clients = transport(self)  # a deployment's clients have joined and described themselves
+            transport = functools.partial(InProcessClients.build, federation=federation, executor=self.executor,
+                                          algorithm=algorithm, server_model_bytes=lambda: self._server_model_bytes)
+        view = ServerView(self.server, self.fingerprint, self.comm, self.runtime, rounds, self.failure_cfg.timeout_s,
+                          self.console, self.recorder, self.run_tasks, self.reference, self._report_losses)
+        # a deployment's clients have joined and described themselves; test faults (none in normal use) wrap them
+        self.clients = faults.wrap(transport(view))
         infos = self.clients.infos
-        self._size_workers(infos)
-        if self.executor.parallel:
-            self._check_shared_memory(infos)
         self.state = RoundState(self.failure_cfg, len(infos), self.clients.fail, self.console.print)
         self.algorithm.validate([c.backbone for c in infos])
         self.algorithm.setup(FederationContext(
             num_clients=len(infos), num_classes=self.server.num_classes, public=self.public,
             backbones=[c.backbone for c in infos], client_sizes=[c.train_size for c in infos], seed=self.seed,
             stage_seed=lambda rnd, stage, i: stage_seed(self.seed, rnd, stage, i), make_backbone=self.make_backbone,
-            run_tasks=self.run_tasks, trainer=self.tcfg, transformations=self.runtime.transformations,
-            local_epochs=self.ccfg.local_epochs, distill_epochs=self.ccfg.distill_epochs, log=self._algorithm_log))
+            run_tasks=self.run_tasks, trainer=self.trainer, transformations=self.runtime.transformations,
+            local_epochs=self.client_config.local_epochs, distill_epochs=self.client_config.distill_epochs,
+            log=self._algorithm_log))
 
     @functools.cached_property
     def _server_model_bytes(self) -> int:
         """float32 bytes of the largest server-side model (a teacher), 0 for an algorithm without one; built once
-        (sizing the workers and the /dev/shm check both read it)."""
+        (the in-process clients size the workers and check /dev/shm with it)."""
         names = set(self.algorithm.server_backbones().values())
         if not names:
             return 0
         with torch.random.fork_rng(devices=[]):  # CPU only: no CUDA context in this process
             return max(sum(t.numel() * t.element_size() for t in self.make_backbone(n, 0).state_dict().values())
                        for n in names)
-
-    def _size_workers(self, infos: list) -> None:
-        """``executor.workers_per_device: auto`` on GPUs: workers per GPU from the largest model (a client's or a
-        teacher's) and the data a worker may keep on its GPU (every client's training set and U)."""
-        if self.executor.cfg.workers_per_device != "auto" or not any(d is not None for d in self.executor.devices):
-            return
-        sample_bytes = self.server.in_chans * math.prod(self.server.image_shape)
-        line = self.executor.size_workers(
-            parameters=max([c.parameters for c in infos] + [self._server_model_bytes // 4]),
-            # a worker may come to hold a GPU copy of every client's training data and of U (keep_resident)
-            data_bytes=sum(c.train_size for c in infos) * sample_bytes + self.public.numel(), tasks=len(infos))
-        if line:
-            self.console.print(line)
-            if hasattr(self.clients, "threads"):  # in-process clients key their round-0 cache by the threads per task
-                self.clients.threads = self.executor.threads
-
-    def _check_shared_memory(self, infos: list) -> None:
-        """Before round 0: what a parallel run may move into shared memory (:func:`shared_memory_needed`) must fit
-        in /dev/shm (:func:`check_shared_memory`)."""
-        server = self._server_model_bytes
-        workers = len(self.executor.slots)
-        check_shared_memory(shared_memory_needed(
-            samples=sum(c.train_size + c.test_size + c.validation_size for c in infos),
-            sample_bytes=self.server.in_chans * math.prod(self.server.image_shape) + 8,  # uint8 pixels, int64 label
-            public_bytes=self.public.numel(),
-            upload_bytes=len(infos) * len(self.public) * self.server.num_classes * 4,  # [|U|, M] float32 each
-            parameters=sum(c.parameters for c in infos), server_model_bytes=server, workers=workers), workers)
 
     def make_backbone(self, name: str, seed: int) -> nn.Module:
         """A Kaiming-initialized backbone for the server's images, created under ``torch.manual_seed(seed)``; its
@@ -174,9 +154,9 @@ class Runner:
         model.backbone_name = name
         return model
 
-    def _reference(self, client: int) -> dict[str, torch.Tensor]:
-        """The float tensors a client's weights must match: the server's own copy of its architecture (its random
-        draws kept apart from the run's)."""
+    def reference(self, client: int) -> dict[str, torch.Tensor]:
+        """The float tensors a client's weights must match: the server's own copy of its reported architecture (its
+        random draws kept apart from the run's)."""
         with torch.random.fork_rng():
             model = self.algorithm.client_model(self.make_backbone(self.clients.infos[client].backbone, 0))
         return shared_weights(model)
@@ -186,14 +166,14 @@ class Runner:
         """Round 0: E0 local epochs for every client (in-process: from the round-0 cache where it holds them)."""
         self.state.begin()
         self.clients.begin_round(0)
-        self.state.record(0, LocalFit.stage, self.clients.pretrain(self.ccfg.pretrain_epochs, cache, key))
-        if getattr(self.clients, "cached_losses", None) is not None:
-            self.state.stage_losses[0] = dict(self.clients.cached_losses)
+        self.state.record(0, LocalFit.stage, self.clients.pretrain(self.client_config.pretrain_epochs, cache, key))
+        cached = self.clients.round0_losses()
+        if cached is not None:
+            self.state.stage_losses[0] = cached
         try:
             self.state.check_fraction(0)
-        finally:
-            if hasattr(self.clients, "keep_round0"):  # shared only when every client finished it
-                self.clients.keep_round0(None if self.state.failed else self.state.stage_losses.get(0, {}))
+        finally:  # the round-0 models are shared (in-process: cached) only when every client finished it
+            self.clients.pretrained(None if self.state.failed else self.state.stage_losses.get(0, {}))
 
     def train_round(self, rnd: int) -> dict[str, int]:
         """Run the algorithm's plan for round ``rnd`` >= 1; returns the bytes moved per client.
@@ -206,13 +186,12 @@ class Runner:
         self.taking_part = None if self.clients_per_round is None else sampled
         self.state.begin(len(sampled))
         self.clients.begin_round(rnd)
-        ids = [i for i in sampled if faults.find(self.faults, rnd, i, "round") != "drop"]
         result: Optional[ServerResult] = None
         comm = {"upload_bytes_per_client": 0, "download_bytes_per_client": 0}
         if self.clients_per_round is not None:  # bytes per client are those of a client that took part
             comm["clients_in_round"] = len(sampled)
         for step in self.algorithm.plan(rnd):
-            active = [i for i in ids if i not in self.state.failed]
+            active = [i for i in sampled if i not in self.state.failed]
             served = [i for i in active if result is not None and i in result.targets]
             if isinstance(step, ClientStep) and not step.needs_target:  # local training, Ditto's personal step
                 if not step.idle() and active:
@@ -222,8 +201,8 @@ class Runner:
                 spec = UploadSpec(len(self.public), self.server.num_classes, "index" if hard else
                                   self.comm.upload_dtype, None if hard else self.comm.top_k, self.fingerprint)
                 got = self.clients.upload(rnd, step.kind, active) if active else {}
-                uploads, comm["upload_bytes_per_client"] = accept_uploads(rnd, step.kind, got, spec, self._reference,
-                                                                          self.state.fail, self.faults)
+                uploads, comm["upload_bytes_per_client"] = accept_uploads(rnd, step.kind, got, spec, self.reference,
+                                                                          self.state.fail)
                 if not uploads:
                     self.state.check_fraction(rnd)
                     raise RoundFailed(f"round {rnd}: no client sent a valid upload; the run stops at the last "
@@ -249,6 +228,12 @@ class Runner:
         self.state.check_fraction(rnd)
         return comm
 
+    def _report_losses(self, rnd: int, losses: list[tuple[str, int, dict[str, float]]]) -> None:
+        """Steps' last-epoch losses that a transport received after the steps (:attr:`ServerView.report_losses`)."""
+        for stage, client, parts in losses:
+            self.state.keep(stage, client, parts)
+        self.state.settle(rnd)
+
     def _algorithm_log(self, line: str) -> None:
         # one line each (the terminal may wrap it, rich does not): a warning stays one line for grep and log tools
         self.console.print(line, soft_wrap=True)
@@ -257,7 +242,7 @@ class Runner:
         info = self.algorithm.clustering_info()
         if info is None:
             return
-        facts = self.clients.simulation()  # true groups: a simulation's, for reporting only (pitfall 3)
+        facts = self.clients.simulation()  # true groups: a simulation's, for reporting only (no algorithm reads them)
         info = with_adjusted_rand_index(info, None if facts is None else facts.groups)
         changed = info["assignment"] != self.clusters_info.get("assignment")
         self.clusters_info = info

@@ -24,9 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from cosmos_pl.training.config import RESIDENT_ATTR
+
 __all__ = ["RESIDENT_ATTR", "Residents", "architecture", "pack", "unpack"]
 
-RESIDENT_ATTR = "_cosmos_resident"  # the name a resident tensor carries, in the main process and in the workers
 
 
 @dataclass(frozen=True)

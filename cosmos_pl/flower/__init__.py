@@ -4,7 +4,7 @@ Two transports run one implementation of each algorithm, behind one interface
 (:class:`~cosmos_pl.federated.clients.Clients`): in-process clients (``cosmos-pl fit``) and Flower nodes (this
 package: :class:`~cosmos_pl.flower.server.FlowerClients`). The ``ServerApp`` (:mod:`cosmos_pl.flower.server_app`)
 drives the same round loop, upload checks, aggregation and records as ``cosmos-pl fit``; the ``ClientApp``
-(:mod:`cosmos_pl.flower.client_app`) runs the same client runtime (:mod:`cosmos_pl.training.steps`) on the node that
+(:mod:`cosmos_pl.flower.client_app`) runs the same client runtime (:mod:`cosmos_pl.objectives`) on the node that
 holds the client's data, and keeps the client's model there between rounds (node state, plus a checkpoint on the
 node's disk).
 ``cosmos-pl flower-run`` (:mod:`cosmos_pl.flower.run`) is ``flwr run`` that waits for the run and exits

@@ -31,12 +31,13 @@ from cosmos_pl.data import ClientData
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.executor import available_cpus
 from cosmos_pl.files import atomic_save
-from cosmos_pl.training.client import Client
-from cosmos_pl.training.config import stage_seed
-from cosmos_pl.training.steps import ClientRuntime, encode_upload, steps_from_wire
+from cosmos_pl.federated.initial_models import client_backbone, initial_model
 from cosmos_pl.flower import wire
 from cosmos_pl.models import count_parameters, create_backbone
 from cosmos_pl.models.personal import load_shared_weights, personal_model, shared_weights
+from cosmos_pl.objectives.runtime import ClientRuntime, encode_upload
+from cosmos_pl.objectives.step import steps_from_wire
+from cosmos_pl.training.client import Client
 from cosmos_pl.uploads import public_fingerprint
 
 __all__ = ["NodeRun", "Site", "SiteDataError", "StepFailed", "load_run", "model_digest", "check_node_config", "hello",
@@ -80,14 +81,14 @@ class NodeRun:
     parameters: int = 0  # the model's parameter count
 
     def backbone(self, client_id: int) -> str:
-        names = self.init.clients.backbones
-        return names[client_id % len(names)]
+        """Client ``client_id``'s architecture (:func:`~cosmos_pl.federated.initial_models.client_backbone`)."""
+        return client_backbone(self.init.clients.backbones, client_id)
 
     def initial_model(self, client_id: int) -> torch.nn.Module:
-        """The client's round-0 model, the same as the in-process runner's (``Runner.make_backbone``)."""
-        torch.manual_seed(stage_seed(self.init.seed, 0, "init", 0 if self.shared_init else client_id))
-        return self.init.algorithm.client_model(
-            create_backbone(self.backbone(client_id), self.num_classes, self.in_chans, max(self.image_shape)))
+        """The client's round-0 model, the same as the in-process clients'
+        (:func:`~cosmos_pl.federated.initial_models.initial_model`)."""
+        return initial_model(self.init.algorithm, self.backbone(client_id), client_id, self.init.seed,
+                             self.num_classes, self.in_chans, self.image_shape)
 
 
 _DATA_FIELDS = ("x", "y", "x_test", "y_test", "x_val", "y_val")
@@ -421,7 +422,7 @@ class StepFailed(Exception):
 
 
 def _run_steps(content: RecordDict, run: NodeRun, client: Client, rnd: int) -> dict[str, float]:
-    """Run the training steps the message carries (:func:`cosmos_pl.training.steps.steps_to_wire`), in order, on
+    """Run the training steps the message carries (:func:`cosmos_pl.objectives.step.steps_to_wire`), in order, on
     ``client.model``;
     returns their last-epoch losses as ``{"s<j>.<name>": value}``.
 

@@ -28,10 +28,14 @@ from torch import nn
 from cosmos_pl.errors import ConfigError, UserError
 from cosmos_pl.federated.clients import ClientInfo, Clients, Scores
 from cosmos_pl.federated.executor import TaskFailure
+from cosmos_pl.federated.initial_models import client_backbone
 from cosmos_pl.federated.recorder import format_csv
+from cosmos_pl.federated.server_view import ServerView
 from cosmos_pl.flower import wire
 from cosmos_pl.flower.node import unpack_scores
-from cosmos_pl.training.steps import ClientStep, LocalFit, encode_upload, steps_to_wire
+from cosmos_pl.objectives.local_fit import LocalFit
+from cosmos_pl.objectives.runtime import encode_upload
+from cosmos_pl.objectives.step import ClientStep, steps_to_wire
 
 __all__ = ["FlowerClients", "NodesMissing", "read_reply"]
 
@@ -69,7 +73,9 @@ class FlowerClients(Clients):
     """The run's clients on Flower nodes (see the module docstring); joins them before returning.
 
     Args:
-        runner: the round loop (its console, records, U's fingerprint, upload encoding, timer and failure policy).
+        view: what the clients are given of the server (:class:`~cosmos_pl.federated.server_view.ServerView`: U and
+            its fingerprint, the class list, upload encoding, console, records, timer, reply timeout, the reference
+            weights, where late losses are reported).
         grid: the ServerApp's ``Grid``.
         config_yaml: the run's resolved config, sent to every node in ``query.hello``.
         num_clients: N, the clients to wait for (one node each).
@@ -85,12 +91,12 @@ class FlowerClients(Clients):
         NodesMissing: a client has no node when the join before round 0 stops waiting.
     """
 
-    def __init__(self, runner: Any, *, grid: Any, config_yaml: str, num_clients: int,
+    def __init__(self, view: ServerView, *, grid: Any, config_yaml: str, num_clients: int,
                  reply_timeout_s: Optional[float] = None, join_timeout_s: float = 600.0,
                  rejoin_timeout_s: float = 0.0) -> None:
-        self.runner, self.grid, self.config_yaml, self.n = runner, grid, config_yaml, num_clients
-        self.console, self.recorder = runner.console, runner.recorder
-        timeout = reply_timeout_s or runner.failure_cfg.timeout_s
+        self.view, self.grid, self.config_yaml, self.n = view, grid, config_yaml, num_clients
+        self.console, self.recorder = view.console, view.recorder
+        timeout = reply_timeout_s or view.reply_timeout_s
         self.reply_timeout_s: Optional[float] = float(timeout) if timeout else None
         self.join_timeout_s, self.rejoin_timeout_s = join_timeout_s, rejoin_timeout_s
         # names this run on the nodes' disks: a restarted node finds its model, a new run starts from round 0
@@ -133,9 +139,9 @@ class FlowerClients(Clients):
                 del self.node_of[cid]  # its node left
             new = sorted(present - set(self.node_of.values()) - set(refused))  # online nodes only (Flower)
             if new:
-                config = {"config_yaml": self.config_yaml, "public_fingerprint": self.runner.fingerprint,
-                          "run_token": self.run_token, "classes": list(self.runner.server.classes),
-                          "public_shape": [int(v) for v in self.runner.public.shape]}
+                config = {"config_yaml": self.config_yaml, "public_fingerprint": self.view.fingerprint,
+                          "run_token": self.run_token, "classes": list(self.view.data.classes),
+                          "public_shape": [int(v) for v in self.view.public.shape]}
                 hello = RecordDict({"config": ConfigRecord(config)})
                 # a node's first message starts its ClientApp (imports, data): before round 0 it may take the whole
                 # join timeout; later (a restarted node) the reply timeout
@@ -174,11 +180,11 @@ class FlowerClients(Clients):
         todo = sorted(c for c in self._needs_public if c in self.node_of and c not in self.broken)
         if not todo:
             return
-        x = self.runner.public
+        x = self.view.public
         rows = max(1, chunk_bytes // max(1, x[0].numel() * x.element_size()))
         for start in range(0, len(x), rows):
             record = wire.tensors_to_record({"x": x[start:start + rows]})
-            config = {"public_fingerprint": self.runner.fingerprint, "start": start, "rows": len(x)}
+            config = {"public_fingerprint": self.view.fingerprint, "start": start, "rows": len(x)}
             content = {self.node_of[c]: RecordDict({"config": ConfigRecord(config), "arrays": record}) for c in todo}
             sent = wire.array_bytes(record)[0]
             for node_id, reply in self._send(wire.PUBLIC, content).items():
@@ -200,8 +206,7 @@ class FlowerClients(Clients):
         if isinstance(reply, _SiteFailure) and 0 <= reply.client < self.n and reply.client not in self.node_of:
             cid = reply.client
             self.node_of[cid], self.broken[cid] = node_id, reply.reason
-            names = self.runner.ccfg.backbones
-            self.described[cid] = ClientInfo(cid, names[cid % len(names)], 0, 0, 0, 0)
+            self.described[cid] = ClientInfo(cid, client_backbone(self.view.runtime.clients.backbones, cid), 0, 0, 0, 0)
             self.console.print(f"round {rnd}: client {cid} (node {node_id}) cannot use its data: {reply.reason}")
             self._write_nodes()
             return None
@@ -330,16 +335,17 @@ class FlowerClients(Clients):
                 self.node_of.pop(cid, None)
         if self.recorder.run_dir is not None:
             self.recorder.run_dir.write_text("traffic.csv", format_csv(self.traffic))
-        self.runner.run_tasks.timer.add(rnd, stage, time.perf_counter() - start)
+        self.view.run_tasks.timer.add(rnd, stage, time.perf_counter() - start)
         return out
 
     def _keep_losses(self, rnd: int, cid: int, steps: list, losses: Any) -> None:
+        kept = []
         for j, (step, _) in enumerate(steps):
             prefix = f"s{j}."
             parts = {k[len(prefix):]: float(v) for k, v in losses.items() if k.startswith(prefix)}
             if parts:
-                self.runner.state.keep(step.stage, cid, parts)
-        self.runner.state.settle(rnd)
+                kept.append((step.stage, cid, parts))
+        self.view.report_losses(rnd, kept)
 
     # ----------------------------------------------------------------- the interface
     def begin_round(self, rnd: int) -> None:
@@ -378,17 +384,17 @@ class FlowerClients(Clients):
                 try:
                     if not isinstance(r, TaskFailure):
                         wire.check_declared(r["arrays"], {k: (tuple(v.shape), str(v.numpy().dtype)) for k, v in
-                                                          self.runner._reference(i).items()})
+                                                          self.view.reference(i).items()})
                     out[i] = r if isinstance(r, TaskFailure) else wire.record_to_tensors(r["arrays"])
                 except (KeyError, TypeError, ValueError) as err:
                     out[i] = TaskFailure(f"rejected: malformed upload ({type(err).__name__}: {err})", "upload")
             return out
-        comm, server = self.runner.comm, self.runner.server
+        comm, server = self.view.communication, self.view.data
         config = {"kind": kind, "dtype": comm.upload_dtype, "top_k": comm.top_k or 0,
-                  "public_fingerprint": self.runner.fingerprint}
+                  "public_fingerprint": self.view.fingerprint}
         # what an honest upload declares: the encoding of [n, M] pseudo-labels
-        honest = encode_upload(torch.full((len(self.runner.public), server.num_classes), 1.0 / server.num_classes),
-                               kind, comm, self.runner.fingerprint)
+        honest = encode_upload(torch.full((len(self.view.public), server.num_classes), 1.0 / server.num_classes),
+                               kind, comm, self.view.fingerprint)
         expected = {k: (tuple(t.shape), str(t.numpy().dtype)) for k, t in
                     (("values", honest.values), ("indices", honest.indices)) if t is not None}
         out: dict[int, Any] = {}
@@ -418,7 +424,7 @@ class FlowerClients(Clients):
         requests = {}
         for c in range(self.n):
             config: dict[str, Any] = {"failed": c in self._failed, "evaluate": evaluate,
-                                      "final": rnd == self.runner.rounds}
+                                      "final": rnd == self.view.rounds}
             tensors: dict[str, Any] = {}
             for name, model in (models.get(c, {}) if evaluate else {}).items():
                 config[f"eval.{name}.backbone"] = str(getattr(model, "backbone_name"))

@@ -1,9 +1,13 @@
-"""Training on one machine: the settings of every stage, the Lightning stages, and the client objectives.
+"""The generic training engine on one machine: what runs any objective, and nothing of any one objective.
 
 - :mod:`cosmos_pl.training.config`: :class:`TrainerConfig`, the device it resolves to, each stage's seed;
-- :mod:`cosmos_pl.training.stages`: one Lightning Trainer per stage, batched inference and evaluation;
-- :mod:`cosmos_pl.training.steps`: the client steps a round is made of, each with its own client behaviour and wire
-  encoding, and the client runtime that runs them, the same in an in-process worker and on a Flower node.
+- :mod:`cosmos_pl.training.module`: :class:`CosmosModule`, the base LightningModule (uint8 batches in, the loss
+  checked finite every step), and the default optimizer;
+- :mod:`cosmos_pl.training.engine`: one Lightning Trainer per stage, the loaders, the GPU copies of resident data;
+- :mod:`cosmos_pl.training.checks`: the non-finite and out-of-memory checks and their messages;
+- :mod:`cosmos_pl.training.inference`: batched inference (pseudo-labels on U) and evaluation (accuracies);
+- :mod:`cosmos_pl.training.client`: the clients' settings and the state a client keeps between rounds.
 
-Nothing here imports :mod:`cosmos_pl.algorithms` or :mod:`cosmos_pl.federated`: they build on it.
+The client objectives (a step, its LightningModule, its loss) are in :mod:`cosmos_pl.objectives`, built on this.
+Nothing here imports :mod:`cosmos_pl.objectives`, :mod:`cosmos_pl.algorithms` or :mod:`cosmos_pl.federated`.
 """

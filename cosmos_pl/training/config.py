@@ -1,6 +1,6 @@
 """The settings of every training stage (:class:`TrainerConfig`), the device they resolve to and each stage's seed.
 
-Kept apart from :mod:`cosmos_pl.training.stages` (which imports Lightning) so that the command line can build,
+Kept apart from :mod:`cosmos_pl.training.engine` (which imports Lightning) so that the command line can build,
 document and check its settings without importing the trainer stack.
 """
 
@@ -15,7 +15,11 @@ import torch
 
 from cosmos_pl.errors import check
 
-__all__ = ["TrainerConfig", "apply_determinism", "resolve_device", "stage_seed"]
+__all__ = ["RESIDENT_ATTR", "TrainerConfig", "apply_determinism", "resolve_device", "stage_seed"]
+
+#: The attribute naming a resident tensor (one the executor sends to each worker once; a stage keeps one GPU copy of
+#: it per process), the same in the main process and in the workers.
+RESIDENT_ATTR = "_cosmos_resident"
 
 # Stage ids for stage_seed; appended only, so existing seeds never change.
 _STAGES = {"init": 0, "local": 1, "teacher": 2, "distill": 3, "teacher_init": 4, "joint": 5, "union": 6,

@@ -1,4 +1,5 @@
-"""The shared LightningModule: a backbone fed uint8 batches that it normalizes and transforms on the device.
+"""The base LightningModule of every objective: a backbone fed uint8 batches that it normalizes and transforms on the
+device; each objective (:mod:`cosmos_pl.objectives`) subclasses it with its ``training_step``.
 
 Every step's loss is checked to be finite: a non-finite loss stops training with a
 :class:`~cosmos_pl.errors.DivergenceError` that names the stage, the epoch and step, and the optimizer setting to

@@ -1,0 +1,98 @@
+"""Local training: cross-entropy on a client's own labelled data D_i (COSMOS paper, Section 4.1 Step 1 and 4.2
+Step 1; every algorithm's round 0, FedMD's revisit, COMET's sequential local step, Ditto's and FedBABU's global
+update).
+
+The step :class:`LocalFit`, its LightningModule :class:`SupervisedModule` and its stage :func:`fit_supervised`
+(also the stage of FedCT's co-training and FedBABU's fine-tuning).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cosmos_pl.models.personal import PersonalAndGlobal
+from cosmos_pl.objectives.step import ClientStep, Task
+from cosmos_pl.training.config import TrainerConfig, stage_seed
+from cosmos_pl.training.engine import fit_labelled
+from cosmos_pl.training.module import CosmosModule, OptimizerFactory
+from cosmos_pl.transforms import Transformations
+
+if TYPE_CHECKING:
+    from cosmos_pl.objectives.runtime import ClientRuntime
+    from cosmos_pl.training.client import Client
+
+__all__ = ["LocalFit", "SupervisedModule", "fit_supervised"]
+
+
+class SupervisedModule(CosmosModule):
+    """Cross-entropy on batches ``(x uint8 [B, C, H, W], y int64 [B])``, inputs randomly transformed by T."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self.backbone(self.prepare(x, transform=True))
+        loss = F.cross_entropy(logits.float(), y)
+        self._track(loss)
+        return loss
+
+
+def fit_supervised(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    optimizer: OptimizerFactory,
+    transformations: Transformations | None,
+    trainer: TrainerConfig,
+    seed: int,
+    where: str = "training",
+    optimizer_key: str = "",
+    part: str = "",
+) -> list[dict[str, float]]:
+    """Train ``model`` in place with cross-entropy on ``x`` uint8 ``[n, C, H, W]``, ``y`` int64 ``[n]``.
+
+    ``where`` (e.g. ``"round 0, local training, client 3"``) and ``optimizer_key`` (e.g. ``"clients.optimizer"``)
+    name the stage and the setting in error messages. ``part``: the dotted name of the submodule trained (``""``:
+    the whole model; ``"shared"``: a :class:`~cosmos_pl.models.personal.PersonalAndGlobal`'s copy of the global
+    model); parameters with ``requires_grad=False`` stay fixed. Returns one dict per epoch with the mean training
+    ``loss``.
+
+    Raises:
+        DivergenceError: a step's loss, or the weights after training, are non-finite.
+    """
+    if epochs <= 0 or len(x) == 0:  # before the module is built: it would set the backbone's memory format
+        return []
+    trained = model.get_submodule(part) if part else model
+    module = SupervisedModule(trained, optimizer, transformations, channels_last=trainer.channels_last, where=where,
+                              optimizer_key=optimizer_key)
+    return fit_labelled(model, module, trained, x, y, epochs=epochs, batch_size=batch_size, trainer=trainer,
+                        seed=seed)
+
+
+@dataclass(frozen=True)
+class LocalFit(ClientStep):
+    """Cross-entropy on the client's own labelled data D_i for ``epochs`` epochs (``clients.optimizer``).
+
+    ``part``: the submodule trained: ``""`` the model the client predicts with (the whole model; the personal model
+    of a :class:`~cosmos_pl.models.personal.PersonalAndGlobal`, as round 0 trains it, so that its copy of the global
+    model stays at the shared initialization), ``"shared"`` that copy (Ditto's and FedBABU's global update).
+    """
+
+    epochs: int
+    part: str = ""
+    stage: ClassVar[str] = "local training"
+    needs_target: ClassVar[bool] = False
+
+    def task(self, runtime: "ClientRuntime", client: "Client", rnd: int, target: Optional[torch.Tensor]) -> Task:
+        part = self.part or ("personal" if isinstance(client.model, PersonalAndGlobal) else "")
+        extra = {"part": part} if part else {}
+        return fit_supervised, dict(self.stage_arguments(runtime, client, rnd), x=client.data.x, y=client.data.y,
+                                    epochs=self.epochs, optimizer=runtime.clients.optimizer,
+                                    seed=stage_seed(runtime.seed, rnd, "local", client.id),
+                                    optimizer_key="clients.optimizer", **extra)
