@@ -1,4 +1,4 @@
-"""Property tests (hypothesis) of the partitioners and of the clustering (issue 8).
+"""Property tests (hypothesis) of the partitioners and of the clustering.
 
 Partitioners (``cosmos_pl.data.partition``) on random label vectors, class counts, client counts, alphas in
 [0.01, 100] and seeds: they terminate, give every sample to exactly one client (none is documented as dropped),
