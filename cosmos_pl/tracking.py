@@ -1,4 +1,5 @@
-"""Weights & Biases: one run per experiment, stepped by round (pitfall 12), offline unless asked otherwise."""
+"""Weights & Biases: one run per experiment, stepped by round (not one per Trainer, whose step restarts at 0),
+offline unless asked otherwise."""
 
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 
 Images travel as uint8 ``[B, C, H, W]`` tensors and are turned into floats on the device, in batches:
 no per-sample PIL work in the hot loop. Transformations and perturbations act in **pixel space [0, 1]**,
-before normalization, and the result is clamped to [0, 1] there; only then is it normalized to [-1, 1]
-(pitfall 2: a perturbation never leaves the range the model was trained on).
+before normalization, and the result is clamped to [0, 1] there; only then is it normalized to [-1, 1]:
+a perturbation never leaves the range the model was trained on (clamping a perturbation of normalized
+[-1, 1] images to [0, 1] would move pixels out of their range).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The clustering code as it was before issue 9 (O(N^2) clusterings for ``auto``, an ``[N, n, M]`` difference
-tensor per client): kept verbatim as the reference the fast implementation must agree with (tests only)."""
+"""The clustering code as it was before it was made to scale (O(N^2) clusterings for ``auto``, an ``[N, n, M]``
+difference tensor per client): kept verbatim as the reference the fast implementation must agree with (tests only)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def pairwise_distances(pseudo_labels: torch.Tensor, metric: Literal["l1", "l2"] 
 
     ``l1`` (the paper's, Section 4.1): ``d(i, j) = (1/n) sum_{x in U} ||f_i(x) - f_j(x)||_1``, the L1
     distance of the ``[n, M]`` pseudo-label matrices divided by n, so it lies in [0, 2] whatever |U| is.
-    ``l2`` (a named alternative, pitfall 4): ``(1/n) sum_x ||f_i(x) - f_j(x)||_2``.
+    ``l2`` (a named alternative to the paper's L1): ``(1/n) sum_x ||f_i(x) - f_j(x)||_2``.
 
     Args:
         pseudo_labels: ``[N, n, M]`` float, each row a distribution over M classes.
@@ -99,8 +99,8 @@ def otsu_threshold(distances: np.ndarray) -> float:
 
     The N(N-1)/2 distances are split into a "close" and a "far" class at the cut that maximizes the
     between-class variance (Otsu, 1979); B0 is the midpoint between the largest close and the smallest far
-    distance. It reads only the pseudo-label distances, never group ids (pitfall 3). When every distance is
-    equal there is no cut and B0 = that distance (one cluster). Limit: it assumes at least two distinct
+    distance. It reads only the pseudo-label distances, never group ids (a server cannot know them). When every
+    distance is equal there is no cut and B0 = that distance (one cluster). Limit: it assumes at least two distinct
     levels of similarity; with IID clients it still splits at the widest gap, so pass a number there.
 
     Args:
@@ -138,8 +138,8 @@ def silhouette_threshold(distances: np.ndarray) -> float:
     Every distinct off-diagonal distance is tried as B0; Algorithm 1 is run for each, and the clustering
     with the highest mean silhouette (Rousseeuw, 1987) on the same distance matrix wins (ties: the smaller
     B0). Only clusterings with 2 <= K <= N-1 have a silhouette; if none exists (N <= 2) B0 = inf (one
-    cluster). It reads only the pseudo-label distances, never group ids (pitfall 3). Limit: it always finds
-    at least two clusters when it can, so for clients with no group structure pass a number.
+    cluster). It reads only the pseudo-label distances, never group ids (a server cannot know them). Limit: it always
+    finds at least two clusters when it can, so for clients with no group structure pass a number.
 
     Args:
         distances: ``[N, N]`` symmetric client distances.

@@ -1,6 +1,6 @@
 """User errors end in one line and exit status 2, before any data is loaded; internal faults in a traceback and 1.
 
-Nothing here trains: every bad setting must be refused right after parsing (issue 8, items 4, 8 and 9).
+Nothing here trains: every bad setting must be refused right after parsing.
 """
 
 import pytest
@@ -31,7 +31,7 @@ def _one_line_error(err: str) -> str:
     return lines[0]
 
 
-# (flags, what the one line must contain): the issue's cases first, then other kinds of bad input
+# (flags, what the one line must contain), one bad setting each
 BAD_SETTINGS = [
     (["--data.public_fraction", "0"], "data.public_fraction=0.0: must be > 0"),
     (["--data.public_fraction", "1"], "data.public_fraction=1.0: must lie in [0, 1)"),
@@ -182,7 +182,7 @@ def test_ctrl_c_exits_130(monkeypatch, capsys):
     assert "Traceback" not in capsys.readouterr().err
 
 
-# --------------------------------------------------------------------------- W&B (item 8)
+# --------------------------------------------------------------------------- W&B
 @pytest.fixture
 def no_wandb_login(monkeypatch, tmp_path):
     """No API key anywhere wandb looks (environment, ~/.netrc, settings files); nothing touches the network."""

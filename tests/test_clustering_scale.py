@@ -1,6 +1,6 @@
 """The server steps at scale agree with the implementation they replaced (tests/reference_clustering.py).
 
-Issue 9: no ``[N, n, M]`` difference tensor, and ``auto`` B0 without one Algorithm 1 run per distinct distance.
+At scale: no ``[N, n, M]`` difference tensor, and ``auto`` B0 without one Algorithm 1 run per distinct distance.
 On small N the new code must give the same distances (to float32 rounding), the same B0 and the same clusters.
 """
 

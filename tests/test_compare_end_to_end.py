@@ -86,7 +86,7 @@ def test_bad_names_fail_before_any_pair_runs(repo_root, tmp_path, capsys):
 
 
 def test_an_interrupted_pair_resumes_from_its_last_round(compared, tmp_path, capsys):
-    """Issue 9: a pair stopped after round 0 (its round-1 checkpoint and summary missing) continues from round 0's
+    """A pair stopped after round 0 (its round-1 checkpoint and summary missing) continues from round 0's
     checkpoint on the next compare, with the same numbers; finished pairs are not touched."""
     out, argv = compared
     copy = tmp_path / "out"

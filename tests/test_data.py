@@ -1,4 +1,5 @@
-"""Data sets and the federation builder (offline; pitfalls 5, 9, 10)."""
+"""Data sets and the federation builder (offline): U holds no labels, a seed gives the same federation, and each
+client's test set follows its own training label distribution."""
 
 import dataclasses
 from pathlib import Path

@@ -1,5 +1,4 @@
-"""Bad data and bad partitions are refused up front, and undefined accuracies are never averaged as 0
-(issue 8, items 1, 3 and 7).
+"""Bad data and bad partitions are refused up front, and undefined accuracies are never averaged as 0.
 
 Each data set is checked on load (``check_image_data``), each federation before any training (every client
 and a non-empty U need >= 2 training samples: BatchNorm cannot train on a batch of one), and an accuracy over
@@ -52,7 +51,7 @@ class AlwaysClassZero(nn.Module):
         return logits
 
 
-# --------------------------------------------------------------------------- item 1a: undefined metrics
+# --------------------------------------------------------------------------- undefined metrics
 
 
 def test_accuracy_over_an_empty_test_set_is_nan_not_zero():
@@ -104,7 +103,7 @@ def test_round_mean_leaves_out_a_client_without_test_samples():
     assert row["personalized_acc_mean"] == pytest.approx(0.625) and row["personalized_acc_clients"] == 2
 
 
-# --------------------------------------------------------------------------- items 1b and 3: untrainable partitions
+# --------------------------------------------------------------------------- untrainable partitions
 
 
 def small_data(train_counts=(10, 10, 10), test_counts=(5, 5, 5)) -> ImageData:
@@ -184,7 +183,7 @@ def test_impossible_partitions_are_user_errors_naming_the_setting(call, kind, te
     assert isinstance(err.value, UserError)  # one line from the CLI, exit 2, not an internal fault
 
 
-def test_cli_refuses_the_issue_partition_before_training(repo_root, tmp_path, capsys):
+def test_cli_refuses_a_partition_with_an_empty_client_before_training(repo_root, tmp_path, capsys):
     from cosmos_pl.cli import main
 
     run_dir = tmp_path / "run"
@@ -198,7 +197,7 @@ def test_cli_refuses_the_issue_partition_before_training(repo_root, tmp_path, ca
     assert not (run_dir / "metrics.csv").exists()  # refused before round 0
 
 
-# --------------------------------------------------------------------------- item 7: data sets checked on load
+# --------------------------------------------------------------------------- data sets checked on load
 
 
 def _archive(**changes) -> dict:

@@ -57,7 +57,7 @@ def _misbehave(model=None, v=0, how="ok"):
 
 @pytest.mark.parametrize("kind", ["sequential", pytest.param("parallel", marks=pytest.mark.slow)])
 def test_failing_tasks_are_reported_and_the_others_finish(kind):
-    """Issue 9: an exception, a hang past the timeout and (parallel) a killed worker fail their task only."""
+    """An exception, a hang past the timeout and (parallel) a killed worker fail their task only."""
     ex = Executor(ExecutorConfig(kind=kind, devices=2, threads_per_worker=1), "cpu")
     hows = ["ok", "raise", "hang", "ok", "kill" if kind == "parallel" else "ok", "ok"]
     try:

@@ -1,4 +1,4 @@
-"""Failing clients (issue 9, must-show 3): a run survives every kind of client failure, records each with its
+"""Failing clients: a run survives every kind of client failure, records each with its
 reason, and the other clients' numbers equal those of a run in which the faulty clients sat those rounds out.
 
 Failures are injected through the test-only hook ``COSMOS_PL_TEST_FAULTS`` (``cosmos_pl.federated.faults``).

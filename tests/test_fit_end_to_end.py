@@ -73,7 +73,7 @@ def test_summary_agrees_with_metrics_and_clients(smoke_runs):
     # the ARI is recomputed from the written assignment; on digits the 5 class groups are found exactly
     ari = adjusted_rand_score(clusters["true_groups"], clusters["assignment"])
     assert saved["clusters"]["adjusted_rand_index"] == pytest.approx(ari) == pytest.approx(1.0)
-    # how clear the clustering is, recomputed from the written distances and assignment (issue 26): seed 0's five
+    # how clear the clustering is, recomputed from the written distances and assignment: seed 0's five
     # groups are separated (farthest within a cluster < nearest between clusters) with a silhouette >= 0.25
     import numpy as np
 
@@ -94,7 +94,7 @@ def test_summary_agrees_with_metrics_and_clients(smoke_runs):
 
 @pytest.mark.slow
 def test_same_config_and_seed_give_identical_metrics(repo_root, tmp_path, small_digits_run):
-    # pitfall 9: the same numbers on CPU, here in this process against the run that another process (or worker)
+    # one seed gives the same numbers on CPU, here in this process against the run that another process (or worker)
     # made for the whole pytest run
     again = tmp_path / "again"
     assert main(small_digits_argv(repo_root, again)) == 0

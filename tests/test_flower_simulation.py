@@ -1,4 +1,4 @@
-"""Flower's simulation engine gives the in-process run's numbers (issue 10, must-show 1).
+"""Flower's simulation engine gives the in-process run's numbers.
 
 The same config (digits, 3 clients in 3 class groups, 2 rounds, one torch thread per client) runs with ``cosmos-pl fit``
 and on Flower's simulation engine (3 virtual SuperNodes, Ray), for COSMOS and FedMD. Every client step runs the same code with the

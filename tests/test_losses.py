@@ -53,7 +53,8 @@ def _reg_grads(target_grad):
 
 @pytest.mark.parametrize("target_grad", [False, True])
 def test_consistency_term_carries_gradient(target_grad):
-    # pitfall 1: r_B must send gradient to the parameters, with either setting of the switch
+    # r_B must send gradient to the parameters (a regularizer computed without gradient would change nothing), with
+    # either setting of the switch
     reg, grad, _, _ = _reg_grads(target_grad)
     assert reg > 0
     assert grad.abs().sum().item() > 1e-6

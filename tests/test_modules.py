@@ -1,4 +1,6 @@
-"""LightningModules and stages: lambda matters (pitfall 1), switches work both ways (pitfall 6), errors are clear."""
+"""LightningModules and stages: lambda changes the trained weights (a regularizer must send gradient, not only add
+to the loss's value), every switch is exercised both ways (a switch tested for truth would act the same either way),
+errors are clear."""
 
 import pytest
 import torch

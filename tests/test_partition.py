@@ -1,4 +1,5 @@
-"""Partitioners: conservation, group structure, mixing, determinism, errors (pitfalls 8, 9)."""
+"""Partitioners: conservation, group structure, mixing, determinism, errors: every call terminates and conserves
+the samples (no endless loop or NaN probability when a class runs out), and a seed gives the same partition."""
 
 import json
 

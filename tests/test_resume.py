@@ -1,4 +1,4 @@
-"""Round checkpoints and exact resume (issue 9, must-shows 1 and 2).
+"""Round checkpoints and exact resume.
 
 A digits run is stopped in the middle of round 2, by SIGKILL or by SIGTERM, then resumed with
 ``cosmos-pl fit --resume``; its ``metrics.csv`` and ``clients.csv`` must equal, byte for byte, those of the same

@@ -1,5 +1,5 @@
 """A run directory holds one run: reuse is refused unless --overwrite, default names never collide, files are
-readable by others as the umask allows (issue 8, item 6)."""
+readable by others as the umask allows."""
 
 import os
 import shutil

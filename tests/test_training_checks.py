@@ -1,10 +1,10 @@
-"""Issue 8, items 2 and 5: divergence is never silent, and a backbone that cannot take the images fails before
+"""Divergence is never silent, and a backbone that cannot take the images fails before
 any client trains.
 
-Divergence (item 2): a non-finite training loss stops the stage at the first bad step; weights that become
+Divergence: a non-finite training loss stops the stage at the first bad step; weights that become
 non-finite, non-finite targets and non-finite predictions are errors; the upload decoder never turns NaN rows into
 uniform rows. Every message is one line naming round, stage, client (or teacher) and the setting to lower.
-Backbones (item 5): unknown names fail before the data is loaded, and each distinct backbone is dry-run on the
+Backbones: unknown names fail before the data is loaded, and each distinct backbone is dry-run on the
 data's (C, H, W) before round 0.
 """
 
@@ -57,7 +57,7 @@ def _one_line(err) -> str:
     return msg
 
 
-# ----------------------------------------------------------------------------------- (a) training losses
+# ----------------------------------------------------------------------------------- training losses
 def test_a_nonfinite_loss_stops_the_stage_at_the_first_bad_step():
     model = _Counting()
     x, y, _ = _data()  # 64 samples, batch 16: 4 steps per epoch
@@ -152,7 +152,7 @@ def test_a_losses_checked_late_on_a_gpu_still_name_the_first_bad_step():
     assert module._checked == 3
 
 
-# ----------------------------------------------------------------------------------- (c) weights after a stage
+# ----------------------------------------------------------------------------------- weights after a stage
 def test_c_weights_that_become_nonfinite_in_the_last_step_are_an_error():
     x, y, _ = _data(n=16)  # one step: its loss is finite, the update it makes is not
     model = _Counting()
@@ -166,7 +166,7 @@ def test_c_weights_that_become_nonfinite_in_the_last_step_are_an_error():
     assert model.calls == 1
 
 
-# ----------------------------------------------------------------------------------- (b) predictions
+# ----------------------------------------------------------------------------------- predictions
 def test_b_predictions_of_a_model_with_nonfinite_weights_are_an_error():
     model = _Counting()
     with torch.no_grad():
@@ -228,7 +228,7 @@ def _fit(repo_root, tmp_path, *flags):
 
 
 def test_cli_lr_1e37_fails_at_the_first_nonfinite_loss(repo_root, tmp_path):
-    # each client's training stops at its first non-finite loss and fails the client (issue 9); with every client
+    # each client's training stops at its first non-finite loss and fails the client, not the run; with every client
     # failed, round 0 is not committed and the run stops with the first reason, naming the setting
     start = time.perf_counter()
     with pytest.raises(RoundFailed) as err:
@@ -285,7 +285,7 @@ def test_worker_process_divergence_comes_back_as_the_same_one_line_error():
                               "(now 1e+37)")
 
 
-# ----------------------------------------------------------------------------------- item 5: backbones
+# ----------------------------------------------------------------------------------- backbones
 def test_backbones_are_dry_run_on_the_data_shape_and_the_random_state_is_kept():
     from cosmos_pl.models import check_backbones
 

@@ -1,4 +1,5 @@
-"""Permissible transformations and perturbations stay in a documented range (pitfall 2)."""
+"""Permissible transformations and perturbations stay in a documented range: pixel space [0, 1], before
+normalization (a perturbation clamped to [0, 1] after normalizing to [-1, 1] would move pixels out of their range)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Every upload is checked before aggregation (issue 9): honest encodings pass, each malformed kind is rejected
+"""Every upload is checked before aggregation: honest encodings pass, each malformed kind is rejected
 with its reason."""
 
 import pytest

@@ -6,9 +6,10 @@ the server averages them into a consensus (aggregate), every client trains towar
 set (digest), then trains on its own private data for a few epochs (revisit).
 
 Differences from the paper, stated: FedMD first trains every model on a *labelled* public set; cosmos-pl's U is
-unlabelled (reference pitfall 5), so there is no public-label pre-training: round 0 (E0 epochs on D_i) plays its
-part. The consensus is the mean of the clients' softmax pseudo-labels and the digest minimizes KL batchmean to it
-(the paper's variant regresses logits with an L1 loss); both keep FedMD's idea of one global consensus.
+unlabelled (no algorithm can read U's labels), so there is no public-label pre-training: round 0 (E0 epochs on
+D_i) plays its part. The consensus is the mean of the clients' softmax pseudo-labels and the digest minimizes KL
+batchmean to it (the paper's variant regresses logits with an L1 loss); both keep FedMD's idea of one global
+consensus.
 
 Scored model: the client model f_i.
 """

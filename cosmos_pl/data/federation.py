@@ -1,9 +1,9 @@
 """Split a data set into the COSMOS federation: a public unlabelled set U and clients.
 
 The public set U is carved from the training split *before* partitioning and keeps no
-labels (reference pitfall 5: public code computed client weights from U's true labels).
+labels, so no algorithm can read them (e.g. to weight its public samples).
 Each client gets a test set drawn from the test split to match its own training label
-distribution (reference pitfall 10).
+distribution, so that each client is scored on data like its own.
 
 A federation that cannot be trained is refused here, before any training: every client
 needs at least ``MIN_TRAIN_SAMPLES`` = 2 training samples and a non-empty U at least 2

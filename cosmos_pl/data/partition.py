@@ -2,9 +2,9 @@
 
 Every partitioner is a pure function of ``(labels, settings, seed)``: it draws its
 randomness from ``np.random.default_rng(seed)`` only, so the same call always gives the
-same partition (reference pitfall 9). Every one terminates for every input, gives each
+same partition (a run is reproducible from its seed alone). Every one terminates for every input, gives each
 sample to exactly one client (none is dropped) and raises a user error when a request is
-impossible (reference pitfall 8: public Dirichlet partitioners loop forever or produce NaN):
+impossible (where a Dirichlet partitioner could loop forever or produce NaN probabilities):
 ``ConfigError`` for a setting no labels can meet (e.g. more clients times the minimum client
 size than samples), ``DataError`` for bad labels. Both are ``ValueError``; messages name the
 dotted setting (``data.num_clients``, ``data.partitioner.init_args.alpha``, ...).
@@ -52,7 +52,7 @@ class Partition:
             that was partitioned.
         groups: int array [num_clients], the true group id of each client
             (``group_dirichlet`` only, else None). Only for scoring clustering in reports;
-            algorithms must not read it (reference pitfall 3).
+            algorithms must not read it (a server cannot know the true groups).
         class_groups: the sorted classes of each group (``group_dirichlet`` only, else None).
     """
 

@@ -1,4 +1,4 @@
-"""Round checkpoints: everything needed to continue a run after its last complete round (issue 9).
+"""Round checkpoints: everything needed to continue a run after its last complete round.
 
 After every round the runner writes ``RUN_DIR/checkpoints/round-XXXX.pt`` atomically (temporary file, fsync,
 rename): the clients' models, the algorithm's state (clusters, teachers), the records so far, the runner's

@@ -1,4 +1,4 @@
-"""What happens when a client misbehaves: settings, records and the errors that stop a run (issue 9).
+"""What happens when a client misbehaves: settings, records and the errors that stop a run.
 
 A client's step that raises, gives a non-finite loss (``DivergenceError``), runs past ``timeout_s`` or loses its
 worker process, and an upload that fails :func:`cosmos_pl.uploads.check_upload`, make the client *failed* for the

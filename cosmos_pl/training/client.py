@@ -57,7 +57,8 @@ class ClientConfig:
 
 @dataclass
 class Client:
-    """One client: its id, architecture name, model f_i and private data D_i (kept in memory, pitfall 11)."""
+    """One client: its id, architecture name, model f_i and private data D_i (kept in memory, not written to disk
+    and read back each round)."""
 
     id: int
     backbone: str
