@@ -39,11 +39,11 @@ def build_runner(clients: int, public: int, per_client: int = 480, clients_per_g
     fed = build_federation(FashionMNIST().load(), GroupDirichlet(num_groups=max(1, clients // clients_per_group)),
                            clients, public_fraction=public / (labelled + public),
                            max_train_samples=labelled + public, seed=0)
-    ccfg = ClientConfig(backbones=CLIENT_BACKBONES, batch_size=32, optimizer=adam(LR_LABELS),
+    client_config = ClientConfig(backbones=CLIENT_BACKBONES, batch_size=32, optimizer=adam(LR_LABELS),
                         distill_optimizer=adam(LR_PSEUDO))
     algorithm = COSMOS(teacher_backbone=TEACHER_BACKBONE, teacher_batch_size=32, teacher_epochs=1,
                        teacher_optimizer=adam(LR_PSEUDO))
-    runner = Runner(fed, algorithm, ccfg, rounds=2, seed=0, transformations=Transformations(translate=2),
+    runner = Runner(fed, algorithm, client_config, rounds=2, seed=0, transformations=Transformations(translate=2),
                     trainer=TrainerConfig(accelerator="auto"), executor=executor)
     groups = fed.partition.groups
     algorithm.set_clusters([[i for i in range(clients) if groups[i] == g] for g in sorted(set(groups.tolist()))])

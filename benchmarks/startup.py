@@ -103,7 +103,7 @@ def _handler(state_dir: str, config_file: str) -> None:
     from flwr.app import ConfigRecord, Context, RecordDict
 
     from cosmos_pl.flower import client_app  # noqa: F401  (what the SuperNode imports: the app and its handlers)
-    from cosmos_pl.flower import node
+    from cosmos_pl.flower import node, node_data
 
     config_yaml = Path(config_file).read_text()
     context = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "threads": 1}, state=RecordDict(),
@@ -111,7 +111,7 @@ def _handler(state_dir: str, config_file: str) -> None:
     fingerprint = (Path(state_dir) / "fingerprint").read_text() if (Path(state_dir) / "fingerprint").is_file() \
         else None
     if fingerprint is None:
-        fingerprint = node.load_run(config_yaml, 0, Path(state_dir) / "data").fingerprint
+        fingerprint = node_data.load_run(config_yaml, 0, Path(state_dir) / "data").fingerprint
         (Path(state_dir) / "fingerprint").write_text(fingerprint)
     node.hello(RecordDict({"config": ConfigRecord({"config_yaml": config_yaml, "public_fingerprint": fingerprint,
                                                    "run_token": "startup"})}), context)

@@ -31,7 +31,7 @@ from cosmos_pl.errors import ConfigError  # noqa: E402
 from cosmos_pl.federated.executor import TaskFailure  # noqa: E402
 from cosmos_pl.federated.recorder import Recorder  # noqa: E402
 from cosmos_pl.federated.run_directory import RunDirectory  # noqa: E402
-from cosmos_pl.flower import node, server_app, wire  # noqa: E402
+from cosmos_pl.flower import node, node_data, node_state, server_app, wire  # noqa: E402
 from cosmos_pl.federated.runner import Runner, ServerData  # noqa: E402
 from cosmos_pl.flower.server import FlowerClients, NodesMissing  # noqa: E402
 from cosmos_pl.objectives.step import steps_from_wire, steps_to_wire  # noqa: E402
@@ -82,7 +82,7 @@ def run_yaml():
 
 
 def _hello(run_yaml, context, fingerprint=None, token="run-a"):
-    run = node.load_run(run_yaml, 0)
+    run = node_data.load_run(run_yaml, 0)
     return node.hello(RecordDict({"config": ConfigRecord({
         "config_yaml": run_yaml, "public_fingerprint": fingerprint or run.fingerprint, "run_token": token})}), context)
 
@@ -120,10 +120,10 @@ def test_node_refuses_an_unknown_node_config_key_naming_the_close_match(run_yaml
         _hello(run_yaml, _context(tmp_path, 0, key="partiton-id"))
     assert str(err.value) == f"unknown node config key 'partiton-id' (did you mean 'partition-id'?): {_KEYS_HINT}"
     with pytest.raises(ConfigError) as err:
-        node.check_node_config({"partition-id": 0, "sate-dir": "/x", "gpu": 1})
+        node_state.check_node_config({"partition-id": 0, "sate-dir": "/x", "gpu": 1})
     assert str(err.value) == f"unknown node config keys 'gpu', 'sate-dir' (did you mean 'state-dir'?): {_KEYS_HINT}"
     # the keys Flower's simulation engine sets on every virtual node (strings) pass
-    node.check_node_config({"partition-id": "3", "num-partitions": "6"})
+    node_state.check_node_config({"partition-id": "3", "num-partitions": "6"})
 
 
 def test_failed_round_rolls_back_and_a_restarted_node_continues_from_disk(run_yaml, tmp_path):
@@ -280,14 +280,14 @@ def test_a_nodes_later_messages_load_its_data_from_its_disk_cache(run_yaml, tmp_
     first = _hello(run_yaml, ctx)
     cached = list((tmp_path / "data").rglob("client_2.pt"))
     assert len(cached) == 1
-    built = node.load_run(run_yaml, 2, tmp_path / "data")
-    node._RUNS.clear()  # a new message process: nothing in memory
+    built = node_data.load_run(run_yaml, 2, tmp_path / "data")
+    node_data.clear_runs()  # a new message process: nothing in memory
 
     def no_loading(self, seed):
         raise AssertionError("the data set was loaded again")
 
     monkeypatch.setattr(DataConfig, "build", no_loading)
-    again = node.load_run(run_yaml, 2, tmp_path / "data")
+    again = node_data.load_run(run_yaml, 2, tmp_path / "data")
     for field in ("x", "y", "x_test", "y_test"):
         assert torch.equal(getattr(again.data, field), getattr(built.data, field))
     assert torch.equal(again.public_x, built.public_x) and again.fingerprint == built.fingerprint

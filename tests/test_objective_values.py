@@ -20,7 +20,7 @@ from torch import nn
 
 from cosmos_pl.clustering import cluster_clients, greedy_labels
 from cosmos_pl.clustering.threshold import WEAK_SILHOUETTE, _separated_candidates
-from cosmos_pl.modules import JointModule
+from cosmos_pl.objectives.joint import JointModule
 
 
 # --------------------------------------------------------------------------- COMET's joint loss

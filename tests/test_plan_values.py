@@ -18,6 +18,7 @@ the global copies and the shared initialization all differ.
 from __future__ import annotations
 
 import functools
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from torch import nn
 from cosmos_pl.algorithms import COMET, Ditto, FedBABU
 from cosmos_pl.data import ClientData, Federation
 from cosmos_pl.data.partition import Partition
+from cosmos_pl.federated import initial_models
 from cosmos_pl.federated.executor import ExecutorConfig
 from cosmos_pl.federated.runner import Runner
 from cosmos_pl.training.client import ClientConfig
@@ -54,7 +56,7 @@ def _federation(train: list[tuple[list, list]], test: list[tuple[list, list]], p
 
 
 def _runner(federation: Federation, algorithm, build, lr: float, distill_lr: float = 0.0) -> Runner:
-    """A sequential CPU runner whose every backbone is ``build()`` (created under the runner's seed), SGD at ``lr``
+    """A sequential CPU runner whose every backbone is ``build()`` (created under the seed each model is made with), SGD at ``lr``
     on labels and ``distill_lr`` on pseudo-labels, one epoch per stage, one batch per epoch."""
 
     class TinyRunner(Runner):
@@ -67,9 +69,11 @@ def _runner(federation: Federation, algorithm, build, lr: float, distill_lr: flo
     clients = ClientConfig(backbones=["test_efficientnet"], pretrain_epochs=0, local_epochs=1, distill_epochs=1,
                            batch_size=64, optimizer=functools.partial(torch.optim.SGD, lr=lr),
                            distill_optimizer=functools.partial(torch.optim.SGD, lr=distill_lr))
-    return TinyRunner(federation, algorithm, clients, rounds=2, transformations=NO_AUGMENTATION,
-                      trainer=TrainerConfig(accelerator="cpu"),
-                      executor=ExecutorConfig(kind="sequential", threads_per_worker=1))
+    # the clients' initial models (built as the runner is) and the server's own copies (reference weights) alike
+    with mock.patch.object(initial_models, "create_backbone", lambda *args: build()):
+        return TinyRunner(federation, algorithm, clients, rounds=2, transformations=NO_AUGMENTATION,
+                          trainer=TrainerConfig(accelerator="cpu"),
+                          executor=ExecutorConfig(kind="sequential", threads_per_worker=1))
 
 
 def _linear() -> nn.Module:

@@ -38,7 +38,7 @@ __all__ = ["Algorithm", "FederationContext", "ServerResult", "check_setting"]
 class FederationContext:
     """What an algorithm may know and use; handed to :meth:`Algorithm.setup` by the runner.
 
-    It never holds U's labels, clients' data or true group ids (reference pitfalls 3 and 5).
+    It never holds U's labels, clients' data or true group ids (a server in a deployment has none of them).
 
     Attributes:
         num_clients: N.

@@ -32,7 +32,6 @@ from cosmos_pl.federated.initial_models import client_backbone
 from cosmos_pl.federated.recorder import format_csv
 from cosmos_pl.federated.server_view import ServerView
 from cosmos_pl.flower import wire
-from cosmos_pl.flower.node import unpack_scores
 from cosmos_pl.objectives.local_fit import LocalFit
 from cosmos_pl.objectives.runtime import encode_upload
 from cosmos_pl.objectives.step import ClientStep, steps_to_wire
@@ -439,7 +438,7 @@ class FlowerClients(Clients):
             if not isinstance(reply, TaskFailure):
                 try:
                     info = dict(reply["config"])
-                    per_split, digest = unpack_scores(reply["metrics"]), str(info["digest"])
+                    per_split, digest = wire.unpack_scores(reply["metrics"]), str(info["digest"])
                 except (KeyError, TypeError, ValueError) as err:  # another version's reply
                     reply = TaskFailure(f"rejected: malformed reply ({type(err).__name__}: {err})")
                 else:

@@ -42,7 +42,8 @@ from flwr.app import Array, ArrayRecord
 from cosmos_pl.communication import Payload
 
 __all__ = ["HELLO", "PUBLIC", "PSEUDO_LABELS", "WEIGHTS", "LOAD_WEIGHTS", "SCORES", "check_declared",
-           "payload_to_record", "record_to_payload", "tensors_to_record", "record_to_tensors", "array_bytes"]
+           "payload_to_record", "record_to_payload", "tensors_to_record", "record_to_tensors", "array_bytes", "pack_scores",
+           "unpack_scores"]
 
 HELLO, PUBLIC, PSEUDO_LABELS = "query.hello", "query.public", "query.pseudo_labels"
 WEIGHTS, LOAD_WEIGHTS, SCORES = "query.weights", "train.load_weights", "evaluate.scores"
@@ -107,3 +108,19 @@ def check_declared(record: ArrayRecord, expected: dict[str, tuple[tuple[int, ...
         limit = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize + 4096
         if len(a.data) > limit:
             raise ValueError(f"array {name} holds {len(a.data)} bytes, more than {dtype} {list(shape)} needs")
+
+
+def pack_scores(per_split: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
+    """``{split: {model: {metric: value}}}`` as the flat ``{"split.model.metric": value}`` of a ``MetricRecord``."""
+    return {f"{split}.{name}.{metric}": float(value) for split, named in per_split.items()
+            for name, metrics in named.items() for metric, value in metrics.items()}
+
+
+def unpack_scores(metrics: Any) -> dict[str, dict[str, dict[str, float]]]:
+    """The inverse of :func:`pack_scores` (a node's ``evaluate.scores`` reply; NaN stays NaN: an empty split)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for key, value in metrics.items():
+        split, name, metric = key.split(".")
+        out.setdefault(split, {}).setdefault(name, {})[metric] = float(value)
+    return out
+

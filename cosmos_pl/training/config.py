@@ -22,8 +22,8 @@ __all__ = ["RESIDENT_ATTR", "TrainerConfig", "apply_determinism", "resolve_devic
 RESIDENT_ATTR = "_cosmos_resident"
 
 # Stage ids for stage_seed; appended only, so existing seeds never change.
-_STAGES = {"init": 0, "local": 1, "teacher": 2, "distill": 3, "teacher_init": 4, "joint": 5, "union": 6,
-           "kmeans": 7, "prox": 8, "finetune": 9}
+STAGE_IDS = {"init": 0, "local": 1, "teacher": 2, "distill": 3, "teacher_init": 4, "joint": 5, "union": 6,
+             "kmeans": 7, "prox": 8, "finetune": 9}
 
 
 @dataclass
@@ -81,4 +81,4 @@ def resolve_device(accelerator: str) -> torch.device:
 
 def stage_seed(seed: int, round_idx: int, stage: str, model_id: int) -> int:
     """A 32-bit seed derived from (seed, round, stage, model id) with numpy's SeedSequence."""
-    return int(np.random.SeedSequence([seed, round_idx, _STAGES[stage], model_id]).generate_state(1)[0])
+    return int(np.random.SeedSequence([seed, round_idx, STAGE_IDS[stage], model_id]).generate_state(1)[0])
