@@ -33,7 +33,8 @@ from cosmos_pl.federated.recorder import Recorder  # noqa: E402
 from cosmos_pl.federated.run_directory import RunDirectory  # noqa: E402
 from cosmos_pl.flower import node, node_data, node_state, server_app, wire  # noqa: E402
 from cosmos_pl.federated.runner import Runner, ServerData  # noqa: E402
-from cosmos_pl.flower.server import FlowerClients, NodesMissing  # noqa: E402
+from cosmos_pl.flower.replies import NodesMissing  # noqa: E402
+from cosmos_pl.flower.server import FlowerClients  # noqa: E402
 from cosmos_pl.objectives.step import steps_from_wire, steps_to_wire  # noqa: E402
 from cosmos_pl.uploads import UploadSpec, check_upload  # noqa: E402
 
@@ -324,9 +325,9 @@ def test_client_app_replies_a_failing_step_as_an_error_record_with_its_stage(mon
 def test_a_node_restarted_under_its_old_id_is_read_as_a_node_that_left(tmp_path):
     # under SuperNode authentication a restarted node keeps its node id; its first message finds no query.hello
     from cosmos_pl.flower.client_app import HANDLERS, respond
-    from cosmos_pl.flower.server import _NodeRestarted, read_reply
+    from cosmos_pl.flower.replies import NodeRestarted, read_reply
 
     content = RecordDict({"config": ConfigRecord({"round": 2, "public_fingerprint": "f" * 16})})
     reply = read_reply(respond(HANDLERS["query.pseudo_labels"], content, _context(tmp_path, 2)))
-    assert isinstance(reply, _NodeRestarted) and reply.step is None
+    assert isinstance(reply, NodeRestarted) and reply.step is None
     assert reply.reason.startswith("NotSetUp: this node has not been set up for the run (no query.hello received")

@@ -28,7 +28,8 @@ from cosmos_pl.cli import build_fit_parser, main, run_fit  # noqa: E402
 from cosmos_pl.data import load_public  # noqa: E402
 from cosmos_pl.federated.server_data import ServerData  # noqa: E402
 from cosmos_pl.flower.client_app import HANDLERS, respond  # noqa: E402
-from cosmos_pl.flower.server import FlowerClients, read_reply  # noqa: E402
+from cosmos_pl.flower.replies import read_reply  # noqa: E402
+from cosmos_pl.flower.server import FlowerClients  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_flower.yaml"
 FLAGS = ["--data.num_clients", "3", "--rounds", "1", "--wandb.mode", "disabled"]

@@ -12,7 +12,8 @@ apart from the protocol's. The server holds no client's data or model.
 Nodes join by ``query.hello`` (before round 0, then at the start of every round for new or restarted nodes): a node
 says which client it holds, its architecture and sizes, the round its model was last committed and that model's
 digest; the server records, and prints, whether the digest is the one the client reported when it last committed
-(``nodes.json``). Every message's bytes are recorded per client and round (``traffic.csv``).
+(``nodes.json``; :mod:`cosmos_pl.flower.joining`). Every message's bytes are recorded per client and round
+(``traffic.csv``).
 """
 
 from __future__ import annotations
@@ -25,50 +26,22 @@ import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 from torch import nn
 
-from cosmos_pl.errors import ConfigError, UserError
+from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.clients import ClientInfo, Clients, Scores
 from cosmos_pl.federated.executor import TaskFailure
-from cosmos_pl.federated.initial_models import client_backbone
 from cosmos_pl.federated.recorder import format_csv
 from cosmos_pl.federated.server_view import ServerView
 from cosmos_pl.flower import wire
+from cosmos_pl.flower.joining import NodeJoining
+from cosmos_pl.flower.replies import NodeRestarted, read_reply
 from cosmos_pl.objectives.local_fit import LocalFit
 from cosmos_pl.objectives.runtime import encode_upload
 from cosmos_pl.objectives.step import ClientStep, steps_to_wire
 
-__all__ = ["FlowerClients", "NodesMissing", "read_reply"]
+__all__ = ["FlowerClients"]
 
 
-def read_reply(content: RecordDict) -> Any:
-    """A node's reply content, or the client's failure it reports (``cosmos_pl.flower.client_app.respond``)."""
-    if "error" not in content:
-        return content
-    error = content["error"]
-    if "client_id" in error:  # a site's data error: it names the client it holds
-        return _SiteFailure(str(error["reason"]), int(error["client_id"]))
-    if error.get("type") == "NotSetUp":
-        return _NodeRestarted(str(error["reason"]))
-    return TaskFailure(str(error["reason"]), str(error["stage"]) if "stage" in error else None)
-
-
-class _SiteFailure(TaskFailure):
-    """A node's hello refused with the client it holds: its site's own data cannot be used."""
-
-    def __init__(self, reason: str, client: int) -> None:
-        super().__init__(reason)
-        self.client = client
-
-
-class _NodeRestarted(TaskFailure):
-    """A node answered that it has had no ``query.hello`` since it started: it was restarted under its old node id."""
-
-
-class NodesMissing(UserError):
-    """Fewer nodes than clients joined before round 0: ``join_timeout_s`` passed, or every connected node answered
-    and some refused."""
-
-
-class FlowerClients(Clients):
+class FlowerClients(NodeJoining, Clients):
     """The run's clients on Flower nodes (see the module docstring); joins them before returning.
 
     Args:
@@ -87,7 +60,8 @@ class FlowerClients(Clients):
             only come back once the SuperLink has marked its old session offline (2 missed heartbeats of 30 s).
 
     Raises:
-        NodesMissing: a client has no node when the join before round 0 stops waiting.
+        NodesMissing: a client has no node when the join before round 0 stops waiting
+            (:class:`~cosmos_pl.flower.replies.NodesMissing`).
     """
 
     def __init__(self, view: ServerView, *, grid: Any, config_yaml: str, num_clients: int,
@@ -114,138 +88,6 @@ class FlowerClients(Clients):
         self._needs_public: set[int] = set()  # sites that have not got U yet
         self._join(0, wait=True)
         self.infos = [self.described[i] for i in range(self.n)]
-
-    # ----------------------------------------------------------------- nodes
-    def _join(self, rnd: int, wait: bool, refused: Optional[dict[int, str]] = None) -> None:
-        """Greet every node the server has not seen yet; with ``wait``, until each client has a node. A node in
-        ``refused`` (node id -> reason, filled here) is not asked again.
-
-        With ``wait`` it stops waiting at ``join_timeout_s``, or earlier once at least as many nodes as clients are
-        connected and every one of them has answered, some refusing (a wrong ``partition-id``, an unknown node config
-        key, a client held twice): a misconfigured node fails the run in the time a hello takes, not the whole
-        join timeout.
-
-        Raises:
-            NodesMissing: with ``wait``, a client has no node when it stops waiting; says which clients are missing,
-                how long it waited and why it stopped, and the first refusal's reason.
-        """
-        start = time.monotonic()
-        deadline = start + (self.join_timeout_s if wait else 0.0)
-        refused = {} if refused is None else refused  # node id -> why it could not join (asked once per call)
-        while True:
-            present = set(self.grid.get_node_ids())
-            for cid in [c for c, node in self.node_of.items() if node not in present]:
-                del self.node_of[cid]  # its node left
-            new = sorted(present - set(self.node_of.values()) - set(refused))  # online nodes only (Flower)
-            if new:
-                config = {"config_yaml": self.config_yaml, "public_fingerprint": self.view.fingerprint,
-                          "run_token": self.run_token, "classes": list(self.view.data.classes),
-                          "public_shape": [int(v) for v in self.view.public.shape]}
-                hello = RecordDict({"config": ConfigRecord(config)})
-                # a node's first message starts its ClientApp (imports, data): before round 0 it may take the whole
-                # join timeout; later (a restarted node) the reply timeout
-                timeout = max(1.0, deadline - time.monotonic()) if wait else self.reply_timeout_s
-                for node_id, reply in self._send(wire.HELLO, {node: hello for node in new}, timeout).items():
-                    reason = self._greeted(rnd, node_id, reply)
-                    if reason and not reason.startswith("node "):  # a refusal; a node that did not reply is asked again
-                        refused[node_id] = reason
-                        self.join_failures.append({"round": rnd, "node_id": node_id, "reason": reason})
-                        self._write_nodes()
-            self._send_public(rnd)
-            if not wait or len(self.node_of) == self.n:
-                return
-            now = time.monotonic()
-            waited = now - start
-            answered = len(present) >= self.n and len(self.node_of) + len(refused) >= len(present)
-            if answered or now >= deadline:
-                missing = sorted(set(range(self.n)) - set(self.node_of))
-                if answered:
-                    why = (f"all {len(present)} connected nodes answered within {waited:.1f} s and {len(refused)} "
-                           f"refused, so the server stopped waiting before join-timeout={self.join_timeout_s:g} s")
-                else:
-                    why = (f"waited the whole join-timeout={self.join_timeout_s:g} s ({waited:.1f} s) with "
-                           f"{len(present)} node{'s' if len(present) != 1 else ''} connected")
-                first = next(iter(refused.items()), None)
-                refusal = "" if first is None else f"; node {first[0]} could not join: {first[1]}"
-                raise NodesMissing(f"only {len(self.node_of)} of {self.n} clients joined (missing: {missing}): {why}; "
-                                   f"start one SuperNode per client with --node-config 'partition-id=<client>' "
-                                   f"against this SuperLink{refusal}")
-            time.sleep(max(0.0, min(1.0, deadline - time.monotonic())))
-
-    def _send_public(self, rnd: int, chunk_bytes: int = 4 << 20) -> None:
-        """Send U, in chunks of about ``chunk_bytes``, to the sites that do not have it; they keep it by its
-        fingerprint. Counted as each such client's setup bytes. A site that fails to take it is asked again when
-        it next joins (its client fails the round's steps meanwhile)."""
-        todo = sorted(c for c in self._needs_public if c in self.node_of and c not in self.broken)
-        if not todo:
-            return
-        x = self.view.public
-        rows = max(1, chunk_bytes // max(1, x[0].numel() * x.element_size()))
-        for start in range(0, len(x), rows):
-            record = wire.tensors_to_record({"x": x[start:start + rows]})
-            config = {"public_fingerprint": self.view.fingerprint, "start": start, "rows": len(x)}
-            content = {self.node_of[c]: RecordDict({"config": ConfigRecord(config), "arrays": record}) for c in todo}
-            sent = wire.array_bytes(record)[0]
-            for node_id, reply in self._send(wire.PUBLIC, content).items():
-                cid = next(c for c in todo if self.node_of[c] == node_id)
-                self._extra["setup"][cid] = self._extra["setup"].get(cid, 0) + sent
-                if isinstance(reply, TaskFailure):
-                    self.console.print(f"round {rnd}: client {cid} could not take U: {reply.reason}")
-                    todo.remove(cid)
-                    self.node_of.pop(cid, None)  # greeted again, and sent U again, when it rejoins
-        self._needs_public -= set(todo)
-
-    def _write_nodes(self) -> None:
-        self.recorder.write_json("nodes.json", {"clients": {str(c): n for c, n in sorted(self.node_of.items())},
-                                                "joins": self.joins, "join_failures": self.join_failures})
-
-    def _greeted(self, rnd: int, node_id: int, reply: Any) -> Optional[str]:
-        """Record a node's hello reply; returns why it could not join, or None. A site whose own data cannot be
-        used holds its client all the same: that client fails every round with the reason (the run goes on)."""
-        if isinstance(reply, _SiteFailure) and 0 <= reply.client < self.n and reply.client not in self.node_of:
-            cid = reply.client
-            self.node_of[cid], self.broken[cid] = node_id, reply.reason
-            self.described[cid] = ClientInfo(cid, client_backbone(self.view.runtime.clients.backbones, cid), 0, 0, 0, 0)
-            self.console.print(f"round {rnd}: client {cid} (node {node_id}) cannot use its data: {reply.reason}")
-            self._write_nodes()
-            return None
-        if isinstance(reply, TaskFailure):
-            self.console.print(f"round {rnd}: node {node_id} could not join: {reply.reason}")
-            return reply.reason
-        info = reply["config"]
-        cid = int(info["client_id"])
-        identity = str(info.get("identity", ""))
-        if self.identity_of.get(cid, identity) != identity:
-            reason = (f"client {cid} was first held by another node (identity {self.identity_of[cid][:8]}...), and "
-                      f"node {node_id} (identity {identity[:8]}...) claims it: a client id stays with the node that "
-                      "held it (restart that node on its own state-dir, or give this one its own partition-id)")
-            self.console.print(f"round {rnd}: {reason}")
-            return reason
-        if cid in self.node_of:
-            reason = f"client {cid} is already held by node {self.node_of[cid]}, and node {node_id} says it holds it too"
-            self.console.print(f"round {rnd}: {reason}; ignoring it (give each node its own partition-id)")
-            return reason
-        if not 0 <= cid < self.n:
-            return f"client {cid} is not a client of this run (0..{self.n - 1})"
-        self.node_of[cid] = node_id
-        self.identity_of[cid] = identity
-        self.broken.pop(cid, None)
-        if not bool(info.get("has_public", True)):
-            self._needs_public.add(cid)
-        self.described[cid] = ClientInfo(cid, str(info["backbone"]), int(info["train_size"]), int(info["test_size"]),
-                                         int(info["validation_size"]), int(info["parameters"]))
-        self._extra["setup"][cid] = self._extra["setup"].get(cid, 0) + len(self.config_yaml.encode())
-        committed, digest = int(info["committed_round"]), str(info["digest"])
-        last = self.reported.get(cid)
-        intact = None if last is None else last == (committed, digest)
-        self.joins.append({"round": rnd, "client": cid, "node_id": node_id, "committed_round": committed,
-                           "digest": digest, "last_reported": None if last is None else list(last), "intact": intact})
-        self._write_nodes()
-        if last is not None:
-            state = "intact" if intact else f"NOT the one it reported (round {last[0]}, {last[1]})"
-            self.console.print(f"round {rnd}: client {cid} rejoined on node {node_id} with its model of round "
-                               f"{committed} (digest {digest}): {state}")
-        return None
 
     # ----------------------------------------------------------------- messages
     def _send(self, message_type: str, contents: dict[int, RecordDict],
@@ -307,7 +149,7 @@ class FlowerClients(Clients):
             steps, records = carried[cid]
             failed = isinstance(reply, TaskFailure)
             # the node is gone (no reply), or restarted under its old id: it is greeted again next round
-            left = failed and (isinstance(reply, _NodeRestarted) or reply.reason.startswith(("node ", "Flower error")))
+            left = failed and (isinstance(reply, NodeRestarted) or reply.reason.startswith(("node ", "Flower error")))
             if left and reply.step is None and steps:
                 reply = TaskFailure(reply.reason, steps[0][0].stage)  # no reply: the first carried step is unfinished
             out[cid] = reply

@@ -1,0 +1,159 @@
+"""How nodes join a deployment's run: ``query.hello`` to every new node (before round 0, then at the start of every
+round), U sent to a site that lacks it, and ``nodes.json``: which node holds which client, with what identity, and
+whether the model digest it reports is the one its client last committed.
+
+:class:`NodeJoining` is a part of :class:`~cosmos_pl.flower.server.FlowerClients` (its node bookkeeping), apart from
+the messages of the rounds.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from flwr.app import ConfigRecord, RecordDict
+
+from cosmos_pl.federated.clients import ClientInfo
+from cosmos_pl.federated.executor import TaskFailure
+from cosmos_pl.federated.initial_models import client_backbone
+from cosmos_pl.flower import wire
+from cosmos_pl.flower.replies import NodesMissing, SiteFailure
+
+__all__ = ["NodeJoining"]
+
+
+class NodeJoining:
+    """The node bookkeeping of :class:`~cosmos_pl.flower.server.FlowerClients` (which sets the attributes it reads:
+    the view, the grid, the clients' count ``n``, the run token, the console and recorder, and the maps of nodes).
+    """
+
+    def _join(self, rnd: int, wait: bool, refused: Optional[dict[int, str]] = None) -> None:
+        """Greet every node the server has not seen yet; with ``wait``, until each client has a node. A node in
+        ``refused`` (node id -> reason, filled here) is not asked again.
+
+        With ``wait`` it stops waiting at ``join_timeout_s``, or earlier once at least as many nodes as clients are
+        connected and every one of them has answered, some refusing (a wrong ``partition-id``, an unknown node config
+        key, a client held twice): a misconfigured node fails the run in the time a hello takes, not the whole
+        join timeout.
+
+        Raises:
+            NodesMissing: with ``wait``, a client has no node when it stops waiting; says which clients are missing,
+                how long it waited and why it stopped, and the first refusal's reason.
+        """
+        start = time.monotonic()
+        deadline = start + (self.join_timeout_s if wait else 0.0)
+        refused = {} if refused is None else refused  # node id -> why it could not join (asked once per call)
+        while True:
+            present = set(self.grid.get_node_ids())
+            for cid in [c for c, node in self.node_of.items() if node not in present]:
+                del self.node_of[cid]  # its node left
+            new = sorted(present - set(self.node_of.values()) - set(refused))  # online nodes only (Flower)
+            if new:
+                config = {"config_yaml": self.config_yaml, "public_fingerprint": self.view.fingerprint,
+                          "run_token": self.run_token, "classes": list(self.view.data.classes),
+                          "public_shape": [int(v) for v in self.view.public.shape]}
+                hello = RecordDict({"config": ConfigRecord(config)})
+                # a node's first message starts its ClientApp (imports, data): before round 0 it may take the whole
+                # join timeout; later (a restarted node) the reply timeout
+                timeout = max(1.0, deadline - time.monotonic()) if wait else self.reply_timeout_s
+                for node_id, reply in self._send(wire.HELLO, {node: hello for node in new}, timeout).items():
+                    reason = self._greeted(rnd, node_id, reply)
+                    if reason and not reason.startswith("node "):  # a refusal; a node that did not reply is asked again
+                        refused[node_id] = reason
+                        self.join_failures.append({"round": rnd, "node_id": node_id, "reason": reason})
+                        self._write_nodes()
+            self._send_public(rnd)
+            if not wait or len(self.node_of) == self.n:
+                return
+            now = time.monotonic()
+            waited = now - start
+            answered = len(present) >= self.n and len(self.node_of) + len(refused) >= len(present)
+            if answered or now >= deadline:
+                missing = sorted(set(range(self.n)) - set(self.node_of))
+                if answered:
+                    why = (f"all {len(present)} connected nodes answered within {waited:.1f} s and {len(refused)} "
+                           f"refused, so the server stopped waiting before join-timeout={self.join_timeout_s:g} s")
+                else:
+                    why = (f"waited the whole join-timeout={self.join_timeout_s:g} s ({waited:.1f} s) with "
+                           f"{len(present)} node{'s' if len(present) != 1 else ''} connected")
+                first = next(iter(refused.items()), None)
+                refusal = "" if first is None else f"; node {first[0]} could not join: {first[1]}"
+                raise NodesMissing(f"only {len(self.node_of)} of {self.n} clients joined (missing: {missing}): {why}; "
+                                   f"start one SuperNode per client with --node-config 'partition-id=<client>' "
+                                   f"against this SuperLink{refusal}")
+            time.sleep(max(0.0, min(1.0, deadline - time.monotonic())))
+
+    def _send_public(self, rnd: int, chunk_bytes: int = 4 << 20) -> None:
+        """Send U, in chunks of about ``chunk_bytes``, to the sites that do not have it; they keep it by its
+        fingerprint. Counted as each such client's setup bytes. A site that fails to take it is asked again when
+        it next joins (its client fails the round's steps meanwhile)."""
+        todo = sorted(c for c in self._needs_public if c in self.node_of and c not in self.broken)
+        if not todo:
+            return
+        x = self.view.public
+        rows = max(1, chunk_bytes // max(1, x[0].numel() * x.element_size()))
+        for start in range(0, len(x), rows):
+            record = wire.tensors_to_record({"x": x[start:start + rows]})
+            config = {"public_fingerprint": self.view.fingerprint, "start": start, "rows": len(x)}
+            content = {self.node_of[c]: RecordDict({"config": ConfigRecord(config), "arrays": record}) for c in todo}
+            sent = wire.array_bytes(record)[0]
+            for node_id, reply in self._send(wire.PUBLIC, content).items():
+                cid = next(c for c in todo if self.node_of[c] == node_id)
+                self._extra["setup"][cid] = self._extra["setup"].get(cid, 0) + sent
+                if isinstance(reply, TaskFailure):
+                    self.console.print(f"round {rnd}: client {cid} could not take U: {reply.reason}")
+                    todo.remove(cid)
+                    self.node_of.pop(cid, None)  # greeted again, and sent U again, when it rejoins
+        self._needs_public -= set(todo)
+
+    def _write_nodes(self) -> None:
+        self.recorder.write_json("nodes.json", {"clients": {str(c): n for c, n in sorted(self.node_of.items())},
+                                                "joins": self.joins, "join_failures": self.join_failures})
+
+    def _greeted(self, rnd: int, node_id: int, reply: Any) -> Optional[str]:
+        """Record a node's hello reply; returns why it could not join, or None. A site whose own data cannot be
+        used holds its client all the same: that client fails every round with the reason (the run goes on)."""
+        if isinstance(reply, SiteFailure) and 0 <= reply.client < self.n and reply.client not in self.node_of:
+            cid = reply.client
+            self.node_of[cid], self.broken[cid] = node_id, reply.reason
+            self.described[cid] = ClientInfo(cid, client_backbone(self.view.runtime.clients.backbones, cid), 0, 0, 0, 0)
+            self.console.print(f"round {rnd}: client {cid} (node {node_id}) cannot use its data: {reply.reason}")
+            self._write_nodes()
+            return None
+        if isinstance(reply, TaskFailure):
+            self.console.print(f"round {rnd}: node {node_id} could not join: {reply.reason}")
+            return reply.reason
+        info = reply["config"]
+        cid = int(info["client_id"])
+        identity = str(info.get("identity", ""))
+        if self.identity_of.get(cid, identity) != identity:
+            reason = (f"client {cid} was first held by another node (identity {self.identity_of[cid][:8]}...), and "
+                      f"node {node_id} (identity {identity[:8]}...) claims it: a client id stays with the node that "
+                      "held it (restart that node on its own state-dir, or give this one its own partition-id)")
+            self.console.print(f"round {rnd}: {reason}")
+            return reason
+        if cid in self.node_of:
+            reason = f"client {cid} is already held by node {self.node_of[cid]}, and node {node_id} says it holds it too"
+            self.console.print(f"round {rnd}: {reason}; ignoring it (give each node its own partition-id)")
+            return reason
+        if not 0 <= cid < self.n:
+            return f"client {cid} is not a client of this run (0..{self.n - 1})"
+        self.node_of[cid] = node_id
+        self.identity_of[cid] = identity
+        self.broken.pop(cid, None)
+        if not bool(info.get("has_public", True)):
+            self._needs_public.add(cid)
+        self.described[cid] = ClientInfo(cid, str(info["backbone"]), int(info["train_size"]), int(info["test_size"]),
+                                         int(info["validation_size"]), int(info["parameters"]))
+        self._extra["setup"][cid] = self._extra["setup"].get(cid, 0) + len(self.config_yaml.encode())
+        committed, digest = int(info["committed_round"]), str(info["digest"])
+        last = self.reported.get(cid)
+        intact = None if last is None else last == (committed, digest)
+        self.joins.append({"round": rnd, "client": cid, "node_id": node_id, "committed_round": committed,
+                           "digest": digest, "last_reported": None if last is None else list(last), "intact": intact})
+        self._write_nodes()
+        if last is not None:
+            state = "intact" if intact else f"NOT the one it reported (round {last[0]}, {last[1]})"
+            self.console.print(f"round {rnd}: client {cid} rejoined on node {node_id} with its model of round "
+                               f"{committed} (digest {digest}): {state}")
+        return None
