@@ -18,7 +18,7 @@ from sklearn.metrics import silhouette_score
 from torch import nn
 
 from cosmos_pl.clustering import cluster_clients, greedy_labels
-from cosmos_pl.clustering.threshold import WEAK_SILHOUETTE, _separated_candidates
+from cosmos_pl.clustering.threshold import WEAK_SILHOUETTE, separated_candidates
 from cosmos_pl.objectives.joint import JointModule
 
 
@@ -134,7 +134,7 @@ def _distance_matrices(seed: int, n: int) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("n", [3, 4, 5, 6, 7])
 def test_the_enumerated_separated_clusterings_are_exactly_those_a_brute_force_finds(n):
-    """For N <= 7 every set partition is tried (Bell(7) = 877): the thresholds ``_separated_candidates`` returns,
+    """For N <= 7 every set partition is tried (Bell(7) = 877): the thresholds ``separated_candidates`` returns,
     each turned into Algorithm 1's clustering, must be the separated clusterings with 2 <= K <= N - 1, each once;
     ``b0: strict`` must pick the one with the best silhouette (ties: the smaller farthest within-cluster distance)
     when that silhouette reaches 0.25, else leave every client alone."""
@@ -143,7 +143,7 @@ def test_the_enumerated_separated_clusterings_are_exactly_those_a_brute_force_fi
     for seed in range(25):
         for d in _distance_matrices(1000 * n + seed, n):
             expected = _brute_force_separated(d, partitions)
-            thresholds = _separated_candidates(d)
+            thresholds = separated_candidates(d)
             found = [_canonical(greedy_labels(d, t)) for t in thresholds]
             assert len(found) == len(set(found))
             assert set(found) == {labels for labels, _ in expected}, (d, thresholds)

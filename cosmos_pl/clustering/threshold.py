@@ -295,7 +295,7 @@ def silhouette_threshold(distances: np.ndarray) -> float:
     return math.inf if b0 is None else b0
 
 
-def _separated_candidates(d: np.ndarray) -> list[float]:
+def separated_candidates(d: np.ndarray) -> list[float]:
     """Every threshold t at which the clusters of Algorithm 1 are separated: the connected components of the graph
     ``d <= t`` are cliques. Then Algorithm 1 at B0 = t returns exactly those components, and every within-cluster
     distance (<= t) is below every between-cluster one (> t); conversely a separated clustering is the component
@@ -356,7 +356,7 @@ def separated_threshold(distances: np.ndarray) -> float:
     it scores far below local-only; a client alone costs a few points (its teacher learns from its own
     pseudo-labels on U). So the rule merges clients only where the distances show groups clearly, and a run
     reports the fallback as weak structure (:attr:`Structure.weak`). The separated clusterings are found exactly
-    (:func:`_separated_candidates`, at most N - 1 of them, for any N); ties go to the smaller B0. N <= 2: B0 = inf
+    (:func:`separated_candidates`, at most N - 1 of them, for any N); ties go to the smaller B0. N <= 2: B0 = inf
     (one cluster), as the silhouette rule. It reads only the pseudo-label distances. Limit: separation is over the
     whole federation, so when the within-group and between-group distance ranges overlap even for one pair (more
     likely with more clients: Fashion-MNIST at 20 and 40 clients, 5 groups of 100 at 0.1-0.6 within and 0.5-1.2
@@ -372,7 +372,7 @@ def separated_threshold(distances: np.ndarray) -> float:
     if d.shape[0] <= 2:
         return math.inf
     best, best_b0 = -np.inf, None
-    for t in _separated_candidates(d):
+    for t in separated_candidates(d):
         sil = structure(d, greedy_labels(d, t)).silhouette
         if sil is not None and sil > best + 1e-12:
             best, best_b0 = sil, t

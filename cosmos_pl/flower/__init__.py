@@ -11,8 +11,17 @@ node's disk).
 non-zero unless it completed.
 
 On the wire (:mod:`cosmos_pl.flower.wire`): pseudo-label arrays (dtype and top-k per ``communication``), targets
-and round instructions; model weights only for FedAvg, which averages parameters by definition. ``flwr`` is an
-optional dependency: ``pip install 'cosmos-pl[flower]'``; this package is the only one that imports it.
+and round instructions; model weights only for FedAvg, Ditto and FedBABU, which average parameters by definition.
+``flwr`` is an optional dependency: ``pip install 'cosmos-pl[flower]'``; this package is the only one that imports
+it.
+
+The server side: :mod:`~cosmos_pl.flower.server_app` (the ServerApp), :mod:`~cosmos_pl.flower.server` (the clients
+behind the round loop, their messages), :mod:`~cosmos_pl.flower.joining` (nodes joining, ``nodes.json``),
+:mod:`~cosmos_pl.flower.replies` (a node's reply or failure). The node side: :mod:`~cosmos_pl.flower.client_app`
+(the ClientApp), :mod:`~cosmos_pl.flower.node` (the message handlers), :mod:`~cosmos_pl.flower.node_data` (the run's
+settings, the client's data and U, the data cache), :mod:`~cosmos_pl.flower.node_state` (the node's directories,
+identity and committed model). Both: :mod:`~cosmos_pl.flower.wire`; deployment tools: :mod:`~cosmos_pl.flower.run`,
+:mod:`~cosmos_pl.flower.keys`.
 """
 
 from __future__ import annotations
