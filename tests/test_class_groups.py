@@ -9,9 +9,9 @@ The expected values are the classes' own signature defaults: COMET ``lambda_=1.0
 import pytest
 import yaml
 
-from cosmos_pl.cli import build_fit_parser, main
+from cosmos_pl.cli import main
 from cosmos_pl.compare.pairs import _pair_configs
-from cosmos_pl.cli import build_compare_parser
+from cosmos_pl.parsers import build_compare_parser, build_fit_parser
 from cosmos_pl.class_groups import class_args, group_keys, parse_args
 
 

@@ -22,7 +22,7 @@ from flwr.app import ConfigRecord, Context, RecordDict  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from cosmos_pl.algorithms.base import Distill, JointFit, LocalFit, UnionFit  # noqa: E402
-from cosmos_pl.cli import build_fit_parser  # noqa: E402
+from cosmos_pl.parsers import build_fit_parser  # noqa: E402
 from cosmos_pl.communication import decode, encode  # noqa: E402
 from cosmos_pl.errors import ConfigError  # noqa: E402
 from cosmos_pl.federated.executor import TaskFailure  # noqa: E402
