@@ -234,8 +234,9 @@ def comparison_markdown(rows: list[AlgorithmRow], title: str, metric: str = "top
         name = r.algorithm + (f" {marks}" if marks else "")
         seeds = ",".join(map(str, r.seeds)) or "-"
         lines.append(f"| {name} | {r.scored_model or '-'} | {seeds} | {plus_minus(r.final)} | {plus_minus(r.best)} | "
-                     f"{plus_minus(r.local_only)} | {plus_minus(r.paired)} | {_interval(r.paired)} | {plus_minus(r.other_final)} | "
-                     f"{plus_minus(r.val_final)} | {r.clustering.cell() if r.clustering else '-'} |")
+                     f"{plus_minus(r.local_only)} | {plus_minus(r.paired)} | {_interval(r.paired)} | "
+                     f"{plus_minus(r.other_final)} | {plus_minus(r.val_final)} | "
+                     f"{r.clustering.cell() if r.clustering else '-'} |")
     said = [_fallback_words(r) for r in rows if r.clustering and (r.clustering.alone_seeds or r.clustering.weak_seeds)]
     if said:
         lines += [""] + [f"- {words}" for words in said]

@@ -38,7 +38,8 @@ class NpzData(ImageDataset):
                 dtypes, label range), naming the file and the array.
         """
         if not Path(self.path).is_file():
-            raise data_not_found("npz", [self.path], "pass path: to an .npz with x_train, y_train, x_test, y_test, classes")
+            raise data_not_found("npz", [self.path],
+                                 "pass path: to an .npz with x_train, y_train, x_test, y_test, classes")
         with np.load(self.path) as z:
             missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in z.files]
             if missing:
