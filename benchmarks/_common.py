@@ -84,8 +84,9 @@ def ptc_uploads(config: Path, seed: int, num_clients: int, cache: Path, round0: 
 
     from cosmos_pl.algorithms.base import ServerResult
     from cosmos_pl.objectives.protocol import Upload
-    from cosmos_pl.cli import _round0_key, build_fit_parser
     from cosmos_pl.config import validate_config
+    from cosmos_pl.fit import round0_key
+    from cosmos_pl.parsers import build_fit_parser
 
     class Uploads(COSMOS):  # COSMOS's first round up to its server step: the upload, kept
         def plan(self, rnd):
@@ -108,7 +109,7 @@ def ptc_uploads(config: Path, seed: int, num_clients: int, cache: Path, round0: 
     runner = Runner(federation, algorithm, init.clients, rounds=1, seed=init.seed, transformations=init.transformations,
                     trainer=init.trainer, executor=init.executor, communication=init.communication)
     try:
-        runner.pretrain(round0, _round0_key(cfg, runner.executor.threads))
+        runner.pretrain(round0, round0_key(cfg, runner.executor.threads))
         runner.train_round(1)
     finally:
         runner.executor.close()

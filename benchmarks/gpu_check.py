@@ -95,7 +95,7 @@ def check_settings(fit: list[str]) -> None:
     Raises:
         ConfigError: a setting this benchmark fixes (:func:`paper_round.check_overrides`), or any bad setting.
         jsonargparse.ArgumentError: an unknown key or a wrong type."""
-    from cosmos_pl.cli import build_fit_parser
+    from cosmos_pl.parsers import build_fit_parser
     from cosmos_pl.config import validate_config
 
     check_overrides(fit)

@@ -58,7 +58,8 @@ def time_round(argv: list[str], run_dir: Path) -> dict:
     return the IFFT round's figures: ``seconds_per_round``, ``seconds_by_stage``, ``images_per_round_by_stage``,
     ``images_per_second_by_stage``, ``gpus`` (see :meth:`GpuMonitor.report`), ``clusters`` (K and the adjusted Rand
     index against the true groups) and ``final`` (the teacher's and the client's mean personalized accuracy)."""
-    from cosmos_pl.cli import build_fit_parser, run_fit
+    from cosmos_pl.fit import run_fit
+    from cosmos_pl.parsers import build_fit_parser
 
     check_overrides(argv)
     parser = build_fit_parser()

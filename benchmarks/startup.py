@@ -126,7 +126,7 @@ def main() -> None:
         return _handler(*a._handler)
     work = Path(tempfile.mkdtemp(prefix="cosmos-startup-"))
     try:
-        from cosmos_pl.cli import build_fit_parser
+        from cosmos_pl.parsers import build_fit_parser
 
         parser = build_fit_parser()
         config_file = work / "run.yaml"

@@ -28,7 +28,8 @@ from cosmos_pl.federated.sampling import check_clients_per_round
 from cosmos_pl.data import FashionMNIST, GroupDirichlet, ImageDataset, Partitioner
 from cosmos_pl.errors import ConfigError, check
 from cosmos_pl.training.client import ClientConfig
-from cosmos_pl.federated.executor import ExecutorConfig, resolve_devices
+from cosmos_pl.federated.devices import resolve_devices
+from cosmos_pl.federated.executor import ExecutorConfig
 from cosmos_pl.training.config import TrainerConfig
 from cosmos_pl.transforms import Transformations
 

@@ -47,7 +47,7 @@ class Interrupted(BaseException):
     Attributes:
         signum: the signal's number (15 for SIGTERM, 2 for SIGINT); the exit status is ``128 + signum``.
         run_dir, last_round: the run directory and its newest checkpoint's round, filled in by
-            :func:`cosmos_pl.cli.run_fit` (None until then, or when there is none).
+            :func:`cosmos_pl.fit.run_fit` (None until then, or when there is none).
     """
 
     def __init__(self, signum: int) -> None:

@@ -8,7 +8,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 # Under pytest-xdist each test worker is pinned to its own share of the cores, before torch is imported: two workers
 # with every core each would slow each other down many times over (OpenMP oversubscription). With more workers than
 # cores (`pytest -n N`, N above the core count) the workers take the cores in turn, one each. cosmos-pl sizes its
-# thread counts from the affinity mask (executor.available_cpus), and subprocesses started by tests inherit it.
+# thread counts from the affinity mask (devices.available_cpus), and subprocesses started by tests inherit it.
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _worker.startswith("gw") and hasattr(os, "sched_setaffinity"):
     _cpus = sorted(os.sched_getaffinity(0))

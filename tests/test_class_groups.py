@@ -9,9 +9,9 @@ The expected values are the classes' own signature defaults: COMET ``lambda_=1.0
 import pytest
 import yaml
 
-from cosmos_pl.cli import build_fit_parser, main
-from cosmos_pl.compare.pairs import _pair_configs
-from cosmos_pl.cli import build_compare_parser
+from cosmos_pl.cli import main
+from cosmos_pl.compare.pairs import pair_configs
+from cosmos_pl.parsers import build_compare_parser, build_fit_parser
 from cosmos_pl.class_groups import class_args, group_keys, parse_args
 
 
@@ -101,7 +101,7 @@ def test_compare_pairs_start_each_algorithm_from_its_own_defaults(repo_root, tmp
     cfg = compare.parse_args(class_args(compare, ["--config", str(repo_root / "configs/digits_smoke.yaml"),
                                                   "--out", str(tmp_path)]))
     cfg.comparison.settings = {"comet": {"num_clusters": 3}}
-    pairs = _pair_configs(cfg, compare, build_fit_parser(), tmp_path, ["cosmos", "comet", "fedmd"], [0], 1)
+    pairs = pair_configs(cfg, compare, build_fit_parser(), tmp_path, ["cosmos", "comet", "fedmd"], [0], 1)
     algorithm = {p.algorithm: yaml.safe_load(p.config_yaml)["algorithm"]["init_args"] for p in pairs}
     assert algorithm["comet"] == {"num_clusters": 3, "lambda_": 1.0, "epochs": None, "n_init": 10, "mode": "joint",
                                   "warm_start": False}

@@ -6,7 +6,8 @@ Nothing here trains: every bad setting must be refused right after parsing.
 import pytest
 import torch
 
-from cosmos_pl.cli import build_fit_parser, main
+from cosmos_pl.cli import main
+from cosmos_pl.parsers import build_fit_parser
 from cosmos_pl.config import validate_config
 from cosmos_pl.errors import ConfigError, TrackingError
 

@@ -140,7 +140,7 @@ def test_a_top5_headline_decides_every_number_and_mark(tmp_path):
 
 
 def test_fit_final_line_reports_the_headline_metric_with_the_other_beside_it():
-    from cosmos_pl.cli import final_line
+    from cosmos_pl.fit import final_line
 
     stats = lambda m, s: {"mean": m, "sem": s}  # noqa: E731
     summary = {"headline_metric": "top5", "scored_model": "cluster teacher h_pi(i)",

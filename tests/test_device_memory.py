@@ -126,7 +126,7 @@ def test_a_deterministic_stage_trains_the_same_model_as_the_default(restore_flag
 
 # ----------------------------------------------------------------------------------- shared memory (/dev/shm)
 def test_shared_memory_need_counts_what_stays_there_and_the_teachers_in_flight():
-    from cosmos_pl.federated.executor import shared_memory_needed
+    from cosmos_pl.federated.devices import shared_memory_needed
 
     # 100 samples of 72 bytes + U 500 + uploads 200 + 4 float32 copies of 1,000 parameters (16,000)
     # + 2 workers sending and receiving a 300-byte teacher (1,200)
@@ -140,13 +140,13 @@ def test_too_little_shared_memory_stops_before_round_0_naming_shm_size(monkeypat
 
     from cosmos_pl.cli import main
     from cosmos_pl.errors import ConfigError
-    from cosmos_pl.federated import executor
+    from cosmos_pl.federated import devices
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(64 * 2**20, 63 * 2**20, 2**20))  # 1 MiB free
-    executor.check_shared_memory(2**20, 2)  # exactly what is free: fits
+    devices.check_shared_memory(2**20, 2)  # exactly what is free: fits
     with pytest.raises(ConfigError) as err:
-        executor.check_shared_memory(3 * 2**30 + 1, 4)
+        devices.check_shared_memory(3 * 2**30 + 1, 4)
     assert str(err.value) == (
         "executor: 4 parallel workers may hold about 3072 MiB in shared memory (/dev/shm) at once, and it has 1 MiB "
         "free: give the container more (docker run --shm-size=7g), or lower executor.workers_per_device or "

@@ -3,7 +3,8 @@
 import pytest
 
 from cosmos_pl.cli import run
-from cosmos_pl.federated.executor import Executor, ExecutorConfig, TaskFailure, resolve_devices
+from cosmos_pl.federated.devices import resolve_devices
+from cosmos_pl.federated.executor import Executor, ExecutorConfig, TaskFailure
 from conftest import small_digits_argv
 
 

@@ -195,22 +195,23 @@ def test_validation_split_is_scored_every_round(repo_root, tmp_path):
 def test_round0_cache_key_names_what_decides_round0(repo_root):
     import torch
 
-    from cosmos_pl.cli import _round0_key, build_fit_parser
+    from cosmos_pl.fit import round0_key
     from cosmos_pl.models import BACKBONE_REVISION
+    from cosmos_pl.parsers import build_fit_parser
 
     parser = build_fit_parser()
     base = ["--config", str(repo_root / "configs/digits_smoke.yaml")]
-    key = _round0_key(parser.parse_args(base), 1)
+    key = round0_key(parser.parse_args(base), 1)
     assert json.loads(key)["backbone_revision"] == BACKBONE_REVISION  # old round-0 models are never reused
     # later rounds' settings leave round 0 alone; pre-training's do not
-    assert _round0_key(parser.parse_args(base + ["--clients.local_epochs", "7"]), 1) == key
-    assert _round0_key(parser.parse_args(base + ["--clients.pretrain_epochs", "7"]), 1) != key
+    assert round0_key(parser.parse_args(base + ["--clients.local_epochs", "7"]), 1) == key
+    assert round0_key(parser.parse_args(base + ["--clients.pretrain_epochs", "7"]), 1) != key
     # what the settings resolve to: digits_smoke trains on the CPU, where the thread count is part of the key
     assert json.loads(key)["resolved"] == {"device": "cpu", "threads": 1}
-    assert _round0_key(parser.parse_args(base), 2) != key
-    assert _round0_key(parser.parse_args(base + ["--trainer.deterministic", "true"]), 1) != key
+    assert round0_key(parser.parse_args(base), 2) != key
+    assert round0_key(parser.parse_args(base + ["--trainer.deterministic", "true"]), 1) != key
     # accelerator auto: the CPU here, a GPU where CUDA exists (threads then do not decide the numbers)
-    auto = json.loads(_round0_key(parser.parse_args(base + ["--trainer.accelerator", "auto"]), 1))["resolved"]
+    auto = json.loads(round0_key(parser.parse_args(base + ["--trainer.accelerator", "auto"]), 1))["resolved"]
     assert auto == ({"device": "cuda", "threads": None} if torch.cuda.is_available() else {"device": "cpu",
                                                                                            "threads": 1})
 

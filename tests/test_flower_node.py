@@ -25,7 +25,7 @@ from cosmos_pl.objectives.distill import Distill  # noqa: E402
 from cosmos_pl.objectives.joint import JointFit  # noqa: E402
 from cosmos_pl.objectives.local_fit import LocalFit  # noqa: E402
 from cosmos_pl.objectives.union import UnionFit  # noqa: E402
-from cosmos_pl.cli import build_fit_parser  # noqa: E402
+from cosmos_pl.parsers import build_fit_parser  # noqa: E402
 from cosmos_pl.communication import decode, encode  # noqa: E402
 from cosmos_pl.errors import ConfigError  # noqa: E402
 from cosmos_pl.federated.executor import TaskFailure  # noqa: E402
@@ -35,7 +35,7 @@ from cosmos_pl.flower import node, node_data, node_state, server_app, wire  # no
 from cosmos_pl.federated.runner import Runner, ServerData  # noqa: E402
 from cosmos_pl.flower.replies import NodesMissing  # noqa: E402
 from cosmos_pl.flower.server import FlowerClients  # noqa: E402
-from cosmos_pl.objectives.step import steps_from_wire, steps_to_wire  # noqa: E402
+from cosmos_pl.objectives.wire import steps_from_wire, steps_to_wire  # noqa: E402
 from cosmos_pl.uploads import UploadSpec, check_upload  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_flower.yaml"

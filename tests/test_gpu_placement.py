@@ -10,7 +10,8 @@ import torch
 
 from cosmos_pl.compare.pairs import gpu_slots
 from cosmos_pl.errors import ConfigError
-from cosmos_pl.federated.executor import Executor, ExecutorConfig, physical_gpu
+from cosmos_pl.federated.devices import physical_gpu
+from cosmos_pl.federated.executor import Executor, ExecutorConfig
 
 
 @pytest.fixture
@@ -85,7 +86,7 @@ GIB = 2 ** 30
 
 
 def test_auto_workers_per_device_by_hand():
-    from cosmos_pl.federated.executor import auto_workers_per_device, worker_gpu_bytes
+    from cosmos_pl.federated.devices import auto_workers_per_device, worker_gpu_bytes
 
     # 2 GPUs with 20 and 30 GiB free, 5 GiB a worker: 0.8 * 20 / 5 = 3.2 -> 3; 16 cores / 2 = 8; 25 tasks / 2 -> 13
     assert auto_workers_per_device([20 * GIB, 30 * GIB], 5 * GIB, cpus=16, tasks=25) == 3
@@ -98,16 +99,16 @@ def test_auto_workers_per_device_by_hand():
 
 
 def test_auto_sizing_reads_free_memory_and_sets_the_slots(gpus, monkeypatch):
-    import cosmos_pl.federated.executor as executor
+    import cosmos_pl.federated.devices as devices
 
     gpus(2)
     asked = []
-    monkeypatch.setattr(executor, "gpu_free_bytes", lambda ids: asked.append(list(ids)) or [20 * GIB, 30 * GIB])
-    monkeypatch.setattr(executor, "available_cpus", lambda: 16)
+    monkeypatch.setattr(devices, "gpu_free_bytes", lambda ids: asked.append(list(ids)) or [20 * GIB, 30 * GIB])
+    monkeypatch.setattr(devices, "available_cpus", lambda: 16)
     ex = Executor(ExecutorConfig(), "auto")
     assert ex.workers_per_device == 1 and ex.slots == [0, 1]  # until sized
     # 1 GiB of parameters (32 bytes each) and 5 GiB in all: 0.8 * 20 / 5 -> 3 workers on each GPU
-    line = ex.size_workers(parameters=GIB // 32, data_bytes=4 * GIB - executor.CUDA_CONTEXT_BYTES, tasks=25)
+    line = ex.size_workers(parameters=GIB // 32, data_bytes=4 * GIB - devices.CUDA_CONTEXT_BYTES, tasks=25)
     assert asked == [[0, 1]] and ex.workers_per_device == 3 and ex.slots == [0, 1] * 3 and ex.parallel
     assert ex.threads == 2  # 16 cores over 6 workers
     assert line == ("executor: 3 worker(s) per GPU on 2 GPU(s) (workers_per_device auto: 20.0 GiB free on the fullest "
@@ -121,17 +122,17 @@ def test_auto_sizing_reads_free_memory_and_sets_the_slots(gpus, monkeypatch):
 
 
 def test_auto_sizing_without_nvidia_smi_keeps_one_worker_per_gpu_and_says_so(gpus, monkeypatch):
-    import cosmos_pl.federated.executor as executor
+    import cosmos_pl.federated.devices as devices
 
     gpus(2)
-    monkeypatch.setattr(executor.shutil, "which", lambda name: None)
+    monkeypatch.setattr(devices.shutil, "which", lambda name: None)
     ex = Executor(ExecutorConfig(), "auto")
     line = ex.size_workers(parameters=10, data_bytes=10, tasks=25)
     assert ex.slots == [0, 1] and "nvidia-smi did not answer" in line and "executor.workers_per_device" in line
 
 
 def test_free_memory_is_read_per_gpu_and_the_least_where_gpu_models_differ(gpus, tmp_path, monkeypatch):
-    from cosmos_pl.federated.executor import gpu_free_bytes
+    from cosmos_pl.federated.devices import gpu_free_bytes
 
     gpus(2)
     fake = tmp_path / "nvidia-smi"

@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from cosmos_pl.cli import main
-from cosmos_pl.compare.pairs import Pair, _finished
+from cosmos_pl.compare.pairs import Pair, finished
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.run_directory import RunDirectory, atomic_save, atomic_write_text
 
@@ -82,9 +82,9 @@ def test_compare_resumes_pairs_saved_before_the_overwrite_flag(tmp_path):
     run.mkdir(parents=True)
     (run / "summary.json").write_text("{}\n")
     (run / "pair.yaml").write_text("seed: 0\nrounds: 2\n")  # written before --overwrite existed
-    assert _finished(Pair("cosmos", 0, run, "seed: 0\nrounds: 2\noverwrite: false\n"))
+    assert finished(Pair("cosmos", 0, run, "seed: 0\nrounds: 2\noverwrite: false\n"))
     with pytest.raises(ConfigError, match="made with a different config"):
-        _finished(Pair("cosmos", 0, run, "seed: 0\nrounds: 3\noverwrite: false\n"))
+        finished(Pair("cosmos", 0, run, "seed: 0\nrounds: 3\noverwrite: false\n"))
 
 
 def _quick_fit(repo_root, run_dir, *flags):

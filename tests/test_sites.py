@@ -24,7 +24,9 @@ pytest.importorskip("flwr", reason="the [flower] extra is not installed (make te
 
 from flwr.app import Context, RecordDict  # noqa: E402
 
-from cosmos_pl.cli import build_fit_parser, main, run_fit  # noqa: E402
+from cosmos_pl.cli import main  # noqa: E402
+from cosmos_pl.fit import run_fit  # noqa: E402
+from cosmos_pl.parsers import build_fit_parser  # noqa: E402
 from cosmos_pl.data import load_public  # noqa: E402
 from cosmos_pl.federated.server_data import ServerData  # noqa: E402
 from cosmos_pl.flower.client_app import HANDLERS, respond  # noqa: E402

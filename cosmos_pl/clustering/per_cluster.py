@@ -54,13 +54,10 @@ from typing import Sequence
 
 import numpy as np
 
+from cosmos_pl.clustering.threshold import FLOOR, silhouettes  # FLOOR lives there: the structure report reads it
+
 __all__ = ["FLOOR", "PERSISTENCE", "EXHAUSTIVE_CUTS", "MIN_INFORMATIVE", "PLACEMENT_MARGIN", "PerCluster",
            "per_cluster_clustering"]
-
-#: A cluster is kept when its clients' mean silhouette (against the other clusters) reaches this. Chosen on the
-#: planted federations of ``benchmarks/cluster_recovery.py``: 0.25 split true groups whose uploads overlap in a few
-#: pairs (their silhouettes there are 0.2-0.4), 0.15 kept merged groups at the highest overlap.
-FLOOR = 0.2
 
 #: A cluster is kept only when the hierarchy joins it to the rest at a mean distance at least this many times the
 #: mean distance at which its own clients were joined (its persistence; the lifetime of Fred and Jain, 2005). On
@@ -128,8 +125,6 @@ def _start_cut(d: np.ndarray, tree: np.ndarray) -> np.ndarray:
     Every cut's clusters are contiguous in the hierarchy's leaf order, so the distances are put in that order once
     and each cut's silhouette sums whole column ranges (no copy of the ``[N, N]`` matrix per cut)."""
     from scipy.cluster.hierarchy import leaves_list
-
-    from cosmos_pl.clustering.threshold import silhouettes
 
     n = d.shape[0]
     order = leaves_list(tree)

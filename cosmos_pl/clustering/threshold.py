@@ -49,7 +49,13 @@ import numpy as np
 from cosmos_pl.clustering.greedy import greedy_labels
 
 __all__ = ["otsu_threshold", "silhouette_threshold", "separated_threshold", "silhouette", "silhouettes",
-           "structure", "Structure", "resolve_b0", "B0", "RULES", "EXHAUSTIVE_CANDIDATES", "WEAK_SILHOUETTE"]
+           "structure", "Structure", "resolve_b0", "B0", "RULES", "EXHAUSTIVE_CANDIDATES", "WEAK_SILHOUETTE",
+           "FLOOR", "separated_candidates"]
+
+#: A cluster is kept when its clients' mean silhouette (against the other clusters) reaches this. Chosen on the
+#: planted federations of ``benchmarks/cluster_recovery.py``: 0.25 split true groups whose uploads overlap in a few
+#: pairs (their silhouettes there are 0.2-0.4), 0.15 kept merged groups at the highest overlap.
+FLOOR = 0.2
 
 B0 = Union[float, Literal["auto", "strict", "silhouette", "otsu", "inf"]]
 
@@ -141,14 +147,12 @@ class Structure:
         were (K = 1), the clients that share clusters show no substantial structure (their mean silhouette below
         :data:`WEAK_SILHOUETTE`), or some cluster's clients are on average barely nearer each other than another
         cluster (its mean silhouette below the ``auto`` rule's floor,
-        :data:`cosmos_pl.clustering.per_cluster.FLOOR`). Overlapping distance ranges alone (not :attr:`separated`)
+        :data:`FLOOR`). Overlapping distance ranges alone (not :attr:`separated`)
         are not weak: with many clients a few pairs overlap in any clustering."""
         return bool(self.reasons())
 
     def reasons(self) -> list[str]:
         """Why :attr:`weak` holds, in words (empty when it does not)."""
-        from cosmos_pl.clustering.per_cluster import FLOOR
-
         if self.N <= 2:
             return []
         out = []

@@ -1,6 +1,13 @@
-"""``cosmos-pl compare``: algorithms x seeds on one partition per seed, and the report (tables, figure, bytes)."""
+"""``cosmos-pl compare``: algorithms x seeds on one partition per seed, and the report (tables, figure, bytes).
 
-from cosmos_pl.compare.pairs import CompareResult, run_compare
+The folder holds the command (:mod:`~cosmos_pl.compare.command`: :func:`run_compare`), the pairs
+(:mod:`~cosmos_pl.compare.pairs`: each (algorithm, seed) pair's config, its ``cosmos-pl fit`` process, its
+records), the settings grid (:mod:`~cosmos_pl.compare.grid`: ``--grid``'s points and the grid's report) and the
+report (:mod:`~cosmos_pl.compare.report`: the tables, the † and ‡ marks, the figure, the bytes). The pairs and the
+grid do not import each other; the command uses both.
+"""
+
+from cosmos_pl.compare.command import CompareResult, run_compare
 from cosmos_pl.compare.report import AlgorithmRow, PairResult, overlaps, summarize, write_report
 
 __all__ = ["run_compare", "CompareResult", "PairResult", "AlgorithmRow", "summarize", "overlaps", "write_report"]

@@ -18,6 +18,7 @@ settings, when several are swept). Skip, resume and failure rules are those of c
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import re
 from dataclasses import dataclass
@@ -25,16 +26,17 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
-from jsonargparse import ArgumentParser, Namespace
+from jsonargparse import Namespace
 from rich.console import Console
 
 from cosmos_pl.algorithms import algorithm_class
-from cosmos_pl.compare.report import AlgorithmRow, comparison_markdown, summarize
+from cosmos_pl.compare.report import AlgorithmRow, comparison_markdown, plus_minus
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.files import atomic_write_text
 
-__all__ = ["parse_grid", "grid_points", "plan_grid", "run_grid", "GridPlan", "grid_lines", "validation_markdown",
-           "clustering_markdown"]
+__all__ = ["parse_grid", "grid_points", "point_name", "algorithm_setting", "takes", "check_keys", "settings_for",
+           "GridPlan", "read_everywhere", "grid_counts", "print_grid_plan", "point_notes", "grid_lines",
+           "grid_markdown", "validation_markdown", "clustering_markdown", "write_grid_report"]
 
 ALGORITHM_PREFIXES = ("algorithm.init_args.", "algorithm.")
 
@@ -111,14 +113,22 @@ def point_name(point: dict[str, Any]) -> str:
     return ",".join(f"{_short(k)}={v}" for k, v in point.items()).replace("/", "_").replace(" ", "")
 
 
+def takes(cls: type, setting: str) -> bool:
+    """Whether algorithm class ``cls`` has the init setting ``setting``."""
+    return setting in inspect.signature(cls.__init__).parameters
+
+
+def settings_for(algorithms: list[str], settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per name of ``algorithms``, the algorithm init ``settings`` (a point's) that its class takes."""
+    return {name: {k: v for k, v in settings.items() if takes(algorithm_class(name), k)} for name in algorithms}
+
+
 def check_keys(grid: list[tuple[str, list[Any]]], cfg: Namespace, algorithms: list[str]) -> dict[str, list[str]]:
     """Check every key against the config and the algorithms; returns, per algorithm setting, the algorithms that
     do not take it.
 
     Raises:
         ConfigError: a config key that does not exist, or an algorithm setting none of the algorithms takes."""
-    from cosmos_pl.compare.pairs import takes
-
     skipped: dict[str, list[str]] = {}
     for key, _ in grid:
         setting = algorithm_setting(key, cfg)
@@ -144,71 +154,6 @@ class GridPlan:
     skipped: dict[str, list[str]]  # per algorithm setting, the algorithms that do not take it
 
 
-def plan_grid(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser, out: Path, algorithms: list[str],
-              seeds: list[int], jobs: int, grid: list[tuple[str, list[Any]]]) -> GridPlan:
-    """Every point's pairs, each checked as ``fit`` checks a config; writes nothing.
-
-    Raises:
-        ConfigError: a bad key (:func:`check_keys`) or a bad value at some point, naming it."""
-    from cosmos_pl.compare.pairs import _pair_configs
-
-    skipped = check_keys(grid, cfg, algorithms)
-    points, seen, unique = [], {}, []
-    for point in grid_points(grid):
-        point_cfg = cfg.clone()
-        settings = {}
-        for key, value in point.items():
-            setting = algorithm_setting(key, cfg)
-            if setting is None:
-                point_cfg[key] = value
-            else:
-                settings[setting] = value
-        folder = out / point_name(point)
-        try:
-            pairs = _pair_configs(point_cfg, parser, fit_parser, folder, algorithms, seeds, jobs, settings,
-                                  out / "round0")
-        except ConfigError as err:
-            raise ConfigError(f"--grid point {point_name(point)}: {err}") from None
-        shared = []
-        for p in pairs:  # an algorithm the sweep leaves alone has the same config at every point: run it once
-            config = yaml.safe_load(p.config_yaml)
-            config.pop("run_dir", None)
-            identity = yaml.safe_dump(config, sort_keys=True)
-            if identity not in seen:
-                seen[identity] = p
-                unique.append(p)
-            shared.append(seen[identity])
-        points.append((point, folder, shared))
-    return GridPlan(grid, points, unique, skipped)
-
-
-def run_grid(cfg: Namespace, plan: GridPlan, out: Path, algorithms: list[str], seeds: list[int], jobs: int,
-             console: Console) -> list[Any]:
-    """Run every distinct pair of ``plan`` once (skipping finished ones, resuming interrupted ones), then each
-    point's report and the grid's; returns every point's pair results (the CLI exits 1 when any failed)."""
-    from cosmos_pl.compare.pairs import _finished, execute_pairs, report_pairs
-
-    todo = [p for p in plan.unique if not _finished(p)]
-    console.print(f"[bold]cosmos-pl compare --grid[/bold]: {_counts(plan, out, algorithms, seeds, jobs, todo)}")
-    errors = execute_pairs(todo, jobs, console)
-    config_name = Path(str((cfg.get("config") or ["compare"])[-1])).stem
-    results, tables = [], []
-    for point, folder, pairs in plan.points:
-        folder.mkdir(parents=True, exist_ok=True)
-        title = f"{config_name}, {point_name(point)}: {', '.join(dict.fromkeys(algorithms))}"
-        got = report_pairs(cfg, pairs, errors, folder, algorithms, console, title)
-        results += got
-        tables.append((point, summarize(got, metric=cfg.headline_metric), _notes(point, plan.skipped)))
-    atomic_write_text(out / "grid.md", grid_markdown(tables, config_name, cfg.headline_metric,
-                                                     read_everywhere(plan)))
-    for key, values in plan.grid:
-        plot_grid(tables, key, values, out / f"grid_{_short(key)}.png", config_name, cfg.headline_metric,
-                  plan.skipped)
-    console.print(f"grid report: {out / 'grid.md'}, " +
-                  ", ".join(str(out / f"grid_{_short(k)}.png") for k, _ in plan.grid))
-    return results
-
-
 def read_everywhere(plan: GridPlan) -> frozenset[str]:
     """The algorithms whose pairs are the same runs at every point of ``plan`` (the sweep does not touch them);
     none with fewer than 2 points."""
@@ -220,22 +165,22 @@ def read_everywhere(plan: GridPlan) -> frozenset[str]:
     return frozenset(n for n in names if len({runs.get(n) for runs in per_point}) == 1)
 
 
-def _counts(plan: GridPlan, out: Path, algorithms: list[str], seeds: list[int], jobs: int, todo: list[Any],
-            verb: str = "to run") -> str:
+def grid_counts(plan: GridPlan, out: Path, algorithms: list[str], seeds: list[int], jobs: int, todo: list[Any],
+                verb: str = "to run") -> str:
+    """What a grid compare (or its dry run, ``verb`` "would run") is about to do, in one line; ``todo``: the
+    distinct pairs not finished yet."""
     return (f"{len(plan.points)} points x {len(algorithms)} algorithms x {len(seeds)} seeds: {len(plan.unique)} "
             f"distinct pairs, {len(plan.unique) - len(todo)} already finished in {out}, {len(todo)} {verb}, {jobs} at "
             "a time")
 
 
-def print_grid_plan(plan: GridPlan, out: Path, algorithms: list[str], seeds: list[int], jobs: int,
+def print_grid_plan(plan: GridPlan, todo: list[Any], out: Path, algorithms: list[str], seeds: list[int], jobs: int,
                     console: Console) -> None:
-    """``--dry_run``: the counts, then a line per point naming the pairs that would run in its folder (a pair shared
-    with an earlier point runs there) and, per swept setting, the algorithms that do not take it (one run serves
-    every value); runs nothing and writes nothing under ``out``."""
-    from cosmos_pl.compare.pairs import _finished
-
-    todo = [p for p in plan.unique if not _finished(p)]
-    console.print(f"dry run, --grid: {_counts(plan, out, algorithms, seeds, jobs, todo, 'would run')}")
+    """``--dry_run``: the counts, then a line per point naming the pairs of ``todo`` (the distinct pairs not
+    finished yet) that would run in its folder (a pair shared with an earlier point runs there) and, per swept
+    setting, the algorithms that do not take it (one run serves every value); runs nothing and writes nothing under
+    ``out``."""
+    console.print(f"dry run, --grid: {grid_counts(plan, out, algorithms, seeds, jobs, todo, 'would run')}")
     owner: dict[int, Path] = {}
     for point, folder, pairs in plan.points:
         for p in pairs:
@@ -250,7 +195,9 @@ def print_grid_plan(plan: GridPlan, out: Path, algorithms: list[str], seeds: lis
                           f"{setting} (a run per value of any other swept setting)")
 
 
-def _notes(point: dict[str, Any], skipped: dict[str, list[str]]) -> list[str]:
+def point_notes(point: dict[str, Any], skipped: dict[str, list[str]]) -> list[str]:
+    """The notes under a point's table: each algorithm that takes no swept setting of ``point`` is the same run at
+    every value of it (``skipped``: setting -> the algorithms that do not take it)."""
     notes = []
     for key in point:
         setting = algorithm_setting(key)
@@ -266,8 +213,6 @@ def validation_markdown(tables: list[tuple[dict[str, Any], list[AlgorithmRow], l
     the algorithm is in ``read_everywhere`` (its runs are the same at every point: the sweep does not touch it).
     Empty when no run recorded a validation split."""
     import math
-
-    from cosmos_pl.compare.report import _pm
 
     algorithms = list(dict.fromkeys(r.algorithm for _, rows, _ in tables for r in rows))
     cells = {(j, r.algorithm): r.val_final for j, (_, rows, _) in enumerate(tables) for r in rows
@@ -289,7 +234,7 @@ def validation_markdown(tables: list[tuple[dict[str, Any], list[AlgorithmRow], l
         row = []
         for name in algorithms:
             stats = cells.get((j, name))
-            text = _pm(stats)
+            text = plus_minus(stats)
             row.append(f"**{text}**" if stats is not None and best.get(name) == stats["mean"] else text)
         lines.append(f"| {point_name(point)} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
@@ -392,3 +337,14 @@ def plot_grid(tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]]
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
     tmp.replace(path)
+
+
+def write_grid_report(plan: GridPlan, tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]], out: Path,
+                      title: str, metric: str, console: Console) -> None:
+    """Write ``out/grid.md`` (:func:`grid_markdown`) and one figure per swept setting, ``out/grid_<name>.png``
+    (:func:`plot_grid`), from every point's table, and say where they are."""
+    atomic_write_text(out / "grid.md", grid_markdown(tables, title, metric, read_everywhere(plan)))
+    for key, values in plan.grid:
+        plot_grid(tables, key, values, out / f"grid_{_short(key)}.png", title, metric, plan.skipped)
+    console.print(f"grid report: {out / 'grid.md'}, " +
+                  ", ".join(str(out / f"grid_{_short(k)}.png") for k, _ in plan.grid))

@@ -1,4 +1,5 @@
-"""``cosmos-pl compare``: every (algorithm, seed) pair as its own ``cosmos-pl fit`` process, then the report.
+"""The pairs of ``cosmos-pl compare``: every (algorithm, seed) pair as its own ``cosmos-pl fit`` process, and the
+report of their records.
 
 Each pair gets ``OUT/runs/<algorithm>-seed<seed>/`` with its fully resolved ``pair.yaml``, the run directory's
 files and ``log.txt``. Pairs with the same seed share the partition (same data settings and seed) and their
@@ -14,7 +15,6 @@ the visible GPUs too: side-by-side pairs take the GPUs in turn (:func:`gpu_slots
 from __future__ import annotations
 
 import csv
-import inspect
 import json
 import os
 import queue
@@ -37,16 +37,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cosmos_pl.algorithms import COSMOS, algorithm_class
 from cosmos_pl.class_groups import parse_args
-from cosmos_pl.compare.grid import parse_grid, plan_grid, print_grid_plan, run_grid
 from cosmos_pl.compare.report import PairResult, clustering_of, write_report
-from cosmos_pl.config import CompareConfig, check_seed, validate_config
-from cosmos_pl.errors import ConfigError, check
+from cosmos_pl.config import validate_config
+from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated import checkpoint
-from cosmos_pl.federated.executor import available_cpus, physical_gpu
+from cosmos_pl.federated.devices import available_cpus, physical_gpu
 from cosmos_pl.federated.locks import FolderLock
-from cosmos_pl.federated.run_directory import _mkdir, atomic_write_text
+from cosmos_pl.federated.run_directory import atomic_write_text
 
-__all__ = ["run_compare", "CompareResult", "Pair"]
+__all__ = ["Pair", "pair_configs", "finished", "gpu_slots", "execute_pairs", "report_pairs"]
 
 _COMPARE_ONLY = ("algorithms", "seeds", "jobs", "out", "config", "comparison", "overwrite", "grid", "dry_run")
 # keys of pair.yaml that do not change a run's numbers (and are absent from older pair.yaml files); failures
@@ -57,6 +56,8 @@ _NOT_RUN_SETTINGS = ("overwrite", "resume", "checkpoint", "failures", "run_dir",
 
 @dataclass
 class Pair:
+    """One (algorithm, seed) pair of a comparison: its run directory and its resolved ``fit`` config (YAML)."""
+
     algorithm: str
     seed: int
     run_dir: Path
@@ -67,41 +68,13 @@ class Pair:
         return f"{self.algorithm} seed {self.seed}"
 
 
-@dataclass
-class CompareResult:
-    """What ``run_compare`` returns: the pairs and which failed (the CLI exits 1 when any did)."""
-
-    pairs: list[PairResult]
-    out: Path
-
-    @property
-    def failed(self) -> bool:
-        return any(p.error is not None for p in self.pairs)
-
-
-def _split(text: Optional[str], cast: Any, key: str) -> Optional[list]:
-    if text is None:
-        return None
-    try:
-        values = [cast(v.strip()) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(f"--{key}={text!r}: give a comma-separated list, e.g. --{key} "
-                          f"{'0,1,2' if cast is int else 'cosmos,fedmd'}") from None
-    check(len(values) > 0, f"--{key}", text, "the list is empty")
-    return values
-
-
-def takes(cls: type, setting: str) -> bool:
-    """Whether algorithm class ``cls`` has the init setting ``setting``."""
-    return setting in inspect.signature(cls.__init__).parameters
-
-
-def _pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser, out: Path,
-                  algorithms: list[str], seeds: list[int], jobs: int, algorithm_settings: Optional[dict] = None,
-                  round0: Optional[Path] = None) -> list[Pair]:
+def pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser, out: Path,
+                 algorithms: list[str], seeds: list[int], jobs: int,
+                 algorithm_settings: Optional[dict[str, dict[str, Any]]] = None,
+                 round0: Optional[Path] = None) -> list[Pair]:
     """Resolve every pair's ``fit`` config and check it as ``fit`` does (parse, build, :func:`validate_config`)
-    before anything runs. ``algorithm_settings``: init settings given to every algorithm that takes them (a grid
-    point's); ``round0``: the round-0 cache folder (default ``out/round0``)."""
+    before anything runs. ``algorithm_settings``: per name of ``algorithms``, init settings given to that algorithm
+    on top of its own (a grid point's); ``round0``: the round-0 cache folder (default ``out/round0``)."""
     base = yaml.safe_load(parser.dump(cfg, skip_unset=False))
     for key in _COMPARE_ONLY:
         base.pop(key, None)
@@ -121,7 +94,7 @@ def _pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPa
             init_args = base["algorithm"].get("init_args", {})
         else:
             init_args = {}
-        init_args = {**init_args, **{k: v for k, v in (algorithm_settings or {}).items() if takes(cls, k)}}
+        init_args = {**init_args, **(algorithm_settings or {}).get(name, {})}
         for seed in seeds:
             run_dir = out / "runs" / f"{cls.name}-seed{seed}"
             pair_cfg = {**base, "seed": seed, "run_dir": str(run_dir), "round0_cache": str(round0 or out / "round0"),
@@ -147,7 +120,12 @@ def _run_settings(text: str) -> Any:
     return settings
 
 
-def _finished(pair: Pair) -> bool:
+def finished(pair: Pair) -> bool:
+    """Whether ``pair`` finished in an earlier compare (its ``summary.json`` is there) under the same settings.
+
+    Raises:
+        ConfigError: a finished run of the pair made with a different config is in its run directory.
+    """
     summary, saved = pair.run_dir / "summary.json", pair.run_dir / "pair.yaml"
     if not summary.is_file():
         return False
@@ -236,63 +214,6 @@ def _result(pair: Pair, error: Optional[str]) -> PairResult:
                       clusters=clustering_of(summary))
 
 
-def run_compare(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser,
-                console: Optional[Console] = None) -> CompareResult:
-    """Run (or resume) every pair of ``cfg`` (parsed by the ``compare`` ``parser``) and write the report into
-    ``cfg.out``; each pair's config is a ``fit`` config checked with ``fit_parser``.
-
-    Raises:
-        ConfigError: an unknown algorithm name, a bad list, a bad pair setting, an ``--out`` that is a file, or
-            a finished run made with a different config in ``--out``; all before any pair starts.
-    """
-    console = console or Console()
-    algorithms = _split(cfg.algorithms, str, "algorithms") or list(cfg.comparison.algorithms)
-    for name in algorithms:
-        algorithm_class(name, "--algorithms")
-    seeds = _split(cfg.seeds, int, "seeds") or list(cfg.comparison.seeds)
-    for seed in seeds:
-        check_seed("--seeds", seed)
-    jobs = cfg.jobs if cfg.jobs is not None else cfg.comparison.jobs
-    check(jobs >= 1, "--jobs", jobs, "must be >= 1")
-    out = Path(cfg.out)
-    check(not out.is_file(), "--out", str(out), "is an existing file; give a folder")
-    CompareConfig(**cfg.comparison.clone().as_dict())  # its own checks (algorithm names in settings, seeds, jobs)
-    grid = parse_grid(cfg.get("grid") or [])
-    if grid:  # every point's pairs checked before anything is written
-        plan = plan_grid(cfg, parser, fit_parser, out, algorithms, seeds, jobs, grid)
-        if cfg.get("dry_run"):
-            print_grid_plan(plan, out, algorithms, seeds, jobs, console)
-            return CompareResult([], out)
-        _mkdir(out, "--out")
-        with FolderLock(out, "--out"):
-            return CompareResult(run_grid(cfg, plan, out, algorithms, seeds, jobs, console), out)
-    pairs = _pair_configs(cfg, parser, fit_parser, out, algorithms, seeds, jobs)
-    if cfg.get("dry_run"):
-        todo = [p for p in pairs if not _finished(p)]
-        console.print(f"dry run: {_counts(pairs, todo, out, algorithms, seeds, jobs, 'would run')}")
-        return CompareResult([], out)
-    _mkdir(out, "--out")
-    with FolderLock(out, "--out"):  # one compare per folder: a second would delete the pairs the first runs
-        return _run_pairs(cfg, pairs, out, algorithms, seeds, jobs, console)
-
-
-def _run_pairs(cfg: Namespace, pairs: list[Pair], out: Path, algorithms: list[str], seeds: list[int], jobs: int,
-               console: Console) -> CompareResult:
-    """:func:`run_compare` inside its locked ``--out`` folder: run what is not finished, then the report."""
-    todo = [p for p in pairs if not _finished(p)]
-    console.print(f"[bold]cosmos-pl compare[/bold]: {_counts(pairs, todo, out, algorithms, seeds, jobs)}")
-    errors = execute_pairs(todo, jobs, console)
-    results = report_pairs(cfg, pairs, errors, out, algorithms, console)
-    return CompareResult(results, out)
-
-
-def _counts(pairs: list[Pair], todo: list[Pair], out: Path, algorithms: list[str], seeds: list[int], jobs: int,
-            verb: str = "to run") -> str:
-    """What a compare (or its dry run, ``verb`` "would run") is about to do, in one line."""
-    return (f"{len(pairs)} pairs ({', '.join(dict.fromkeys(algorithms))} x seeds {seeds}); {len(pairs) - len(todo)} "
-            f"already finished in {out}, {len(todo)} {verb}, {jobs} at a time")
-
-
 def report_pairs(cfg: Namespace, pairs: list[Pair], errors: dict[str, Optional[str]], out: Path,
                  algorithms: list[str], console: Console, title: Optional[str] = None) -> list[PairResult]:
     """Read every pair's records and write the report into ``out``; returns the pairs' results."""
@@ -349,7 +270,7 @@ def execute_pairs(todo: list[Pair], jobs: int, console: Console) -> dict[str, Op
         try:
             for fut in futures:
                 fut.result()
-        except BaseException:  # SIGTERM/SIGINT (cli.Interrupted): the pairs keep their last round and stop too
+        except BaseException:  # SIGTERM/SIGINT (signals.Interrupted): the pairs keep their last round and stop too
             for proc in list(_RUNNING):
                 proc.send_signal(signal.SIGTERM)
             pool.shutdown(wait=True, cancel_futures=True)

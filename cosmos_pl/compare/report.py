@@ -32,7 +32,7 @@ from cosmos_pl.files import atomic_write_text
 from cosmos_pl.report import METRIC_LABEL, mean_sem, round_figure, save_round_figure
 
 __all__ = ["PairResult", "AlgorithmRow", "summarize", "overlaps", "paired_interval", "write_report",
-           "comparison_markdown", "communication_markdown", "clustering_of", "Clustering"]
+           "comparison_markdown", "communication_markdown", "clustering_of", "Clustering", "plus_minus"]
 
 _OTHER = {"top1": "top5", "top5": "top1"}
 
@@ -195,7 +195,8 @@ def summarize(pairs: list[PairResult], reference: str = "cosmos", metric: str = 
     return rows
 
 
-def _pm(stats: Optional[dict[str, float]]) -> str:
+def plus_minus(stats: Optional[dict[str, float]]) -> str:
+    """``mean ± SEM`` of ``stats`` to 4 places; ``mean ± n/a`` without a spread (one seed), ``-`` without a mean."""
     if stats is None or math.isnan(stats["mean"]):
         return "-"
     return f"{stats['mean']:.4f} ± {stats['sem']:.4f}" if _spread(stats) else f"{stats['mean']:.4f} ± n/a"
@@ -232,9 +233,10 @@ def comparison_markdown(rows: list[AlgorithmRow], title: str, metric: str = "top
         marks = ("†" if r.dagger else "") + ("‡" if r.paired_above_zero else "")
         name = r.algorithm + (f" {marks}" if marks else "")
         seeds = ",".join(map(str, r.seeds)) or "-"
-        lines.append(f"| {name} | {r.scored_model or '-'} | {seeds} | {_pm(r.final)} | {_pm(r.best)} | "
-                     f"{_pm(r.local_only)} | {_pm(r.paired)} | {_interval(r.paired)} | {_pm(r.other_final)} | "
-                     f"{_pm(r.val_final)} | {r.clustering.cell() if r.clustering else '-'} |")
+        lines.append(f"| {name} | {r.scored_model or '-'} | {seeds} | {plus_minus(r.final)} | {plus_minus(r.best)} | "
+                     f"{plus_minus(r.local_only)} | {plus_minus(r.paired)} | {_interval(r.paired)} | "
+                     f"{plus_minus(r.other_final)} | {plus_minus(r.val_final)} | "
+                     f"{r.clustering.cell() if r.clustering else '-'} |")
     said = [_fallback_words(r) for r in rows if r.clustering and (r.clustering.alone_seeds or r.clustering.weak_seeds)]
     if said:
         lines += [""] + [f"- {words}" for words in said]

@@ -1,4 +1,11 @@
-"""Data sets, partitioners and the federation builder of cosmos-pl."""
+"""The data of cosmos-pl: data sets, partitioners, the federation builder and a federation as site folders.
+
+The data sets (:mod:`~cosmos_pl.data.datasets`: images in memory as uint8 tensors), the partitioners
+(:mod:`~cosmos_pl.data.partition`: which training samples each client holds), the federation
+(:mod:`~cosmos_pl.data.federation`: every client's data, U and the per-client test sets) and the sites
+(:mod:`~cosmos_pl.data.sites`: a federation written as one folder per site, and read back). Configs name the
+classes here as ``cosmos_pl.data.<Class>``.
+"""
 
 from .datasets import (
     CIFAR10,

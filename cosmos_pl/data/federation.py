@@ -9,7 +9,7 @@ A federation that cannot be trained is refused here, before any training: every 
 needs at least ``MIN_TRAIN_SAMPLES`` = 2 training samples and a non-empty U at least 2
 samples, because BatchNorm (in every backbone) normalizes over the batch in training mode
 and fails on a batch of one sample. Larger sets never produce a batch of one: the training
-loaders drop a last batch of one sample (``cosmos_pl.training.stages``).
+loaders drop a last batch of one sample (``cosmos_pl.training.engine``).
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from cosmos_pl.errors import ConfigError, DataError
 from .datasets import ImageData
 from .partition import MIN_TRAIN_SAMPLES, Partition, Partitioner
 
-__all__ = ["ClientData", "Federation", "build_federation", "validation_split", "MIN_TRAIN_SAMPLES"]
+__all__ = ["ClientData", "Federation", "build_federation", "validation_split", "MIN_TRAIN_SAMPLES", "VALIDATION_STREAM"]
 
 # Stream tag for the subsample / public-set draws, so they do not reuse the partitioner's
 # default_rng(seed) stream nor a client's default_rng((seed, client_id)) test-set stream.
 _SPLIT_STREAM = 2**31
-# Stream tag of a client's validation draw: default_rng((seed, client_id, _VALIDATION_STREAM)).
-_VALIDATION_STREAM = 2**31 + 1
+# Stream tag of a client's validation draw: default_rng((seed, client_id, VALIDATION_STREAM)).
+VALIDATION_STREAM = 2**31 + 1
 
 
 @dataclass
@@ -264,7 +264,7 @@ def build_federation(
         val_idx = None
         if validation_fraction > 0:
             train_pos, val_pos = validation_split(y_all[own], validation_fraction, m,
-                                                  np.random.default_rng((seed, i, _VALIDATION_STREAM)))
+                                                  np.random.default_rng((seed, i, VALIDATION_STREAM)))
             own, val_idx = own[train_pos], torch.from_numpy(own[val_pos])
         train_idx = torch.from_numpy(own)
         target = min(test_samples_per_client, int(available[counts[i] > 0].sum()))

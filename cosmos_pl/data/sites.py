@@ -25,8 +25,9 @@ import torch
 
 from cosmos_pl.errors import DataError
 
-from .datasets import ImageDataset, _check_class_folders, _decode_all
-from .federation import _VALIDATION_STREAM, ClientData, Federation, validation_split
+from .datasets import ImageDataset
+from .datasets.folders import check_class_folders, decode_images
+from .federation import VALIDATION_STREAM, ClientData, Federation, validation_split
 from .partition import Partition
 
 __all__ = ["export_federation", "load_site", "load_public", "SiteFolders"]
@@ -97,9 +98,9 @@ def _read(folder: Path) -> tuple[torch.Tensor, np.ndarray, torch.Tensor, np.ndar
 
         splits = []
         for split in ("train", "test"):
-            _check_class_folders(folder / split)
+            check_class_folders(folder / split)
             tree = ImageFolder(str(folder / split))
-            x = _decode_all([p for p, _ in tree.samples])
+            x = decode_images([p for p, _ in tree.samples])
             splits += [x, np.array([tree.classes[y] for y in tree.targets])]
         return splits[0], splits[1], splits[2], splits[3]
     raise FileNotFoundError(f"{folder}: holds neither data.npz nor train/ and test/ folders: give the folder "
@@ -135,7 +136,7 @@ def load_site(folder: str | Path, classes: list[str], image_shape: tuple[int, in
     x_val = y_val = None
     if validation_fraction > 0:
         train_pos, val_pos = validation_split(y.numpy(), validation_fraction, len(classes),
-                                              np.random.default_rng((seed, client_id, _VALIDATION_STREAM)))
+                                              np.random.default_rng((seed, client_id, VALIDATION_STREAM)))
         x_val, y_val = x[torch.from_numpy(val_pos)], y[torch.from_numpy(val_pos)]
         x, y = x[torch.from_numpy(train_pos)], y[torch.from_numpy(train_pos)]
     return ClientData(x=x, y=y, x_test=x_test, y_test=y_test, class_counts=counts, x_val=x_val, y_val=y_val)

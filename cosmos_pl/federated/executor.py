@@ -5,10 +5,11 @@ client's distillation, an evaluation). Tasks of a stage are independent, and eac
 (seed, round, stage, id), so results do not depend on the executor or the number of workers. Workers are
 processes started with ``spawn``; models and tensors travel between processes as CPU tensors through
 torch's shared-memory pickling, never through files. On CUDA each worker is pinned to one GPU
-(``CUDA_VISIBLE_DEVICES``) and several workers may share one (``workers_per_device``).
+(``CUDA_VISIBLE_DEVICES``) and several workers may share one (``workers_per_device``); which devices, how many
+workers and how many threads each is :mod:`cosmos_pl.federated.devices`'s to say.
 
 A client's task may fail (an exception, a non-finite loss, a timeout, a worker process killed by the OS): with
-``tolerate`` the executor reports it as a :class:`TaskFailure` and carries on with the others (issue 9).
+``tolerate`` the executor reports it as a :class:`TaskFailure` and carries on with the others.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import contextlib
 import copy
 import multiprocessing as mp
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -30,12 +30,11 @@ import torch
 
 from cosmos_pl import signals
 from cosmos_pl.errors import ConfigError, DataError, DeviceMemoryError, check
+from cosmos_pl.federated.devices import physical_gpu, resolve_devices, worker_threads, workers_per_gpu
 from cosmos_pl.federated.transfer import Residents, pack, unpack
+from cosmos_pl.objectives.step import Task
 
-__all__ = ["ExecutorConfig", "Executor", "Task", "TaskFailure", "TaskTimeout", "available_cpus",
-           "check_shared_memory", "physical_gpu", "resolve_devices", "shared_memory_needed"]
-
-Task = tuple[Callable[..., Any], dict[str, Any]]
+__all__ = ["ExecutorConfig", "Executor", "TaskFailure", "TaskTimeout"]
 
 
 @dataclass
@@ -59,7 +58,8 @@ class ExecutorConfig:
     threads_per_worker: Optional[int] = None
 
     def __post_init__(self) -> None:
-        """Raises ConfigError for a value out of range (whether GPU ids exist is :func:`resolve_devices`'s check)."""
+        """Raises ConfigError for a value out of range (whether GPU ids exist is
+        :func:`~cosmos_pl.federated.devices.resolve_devices`'s check)."""
         d = self.devices
         check(d == "auto" or (isinstance(d, int) and d >= 1) or (isinstance(d, list) and d and min(d) >= 0),
               "executor.devices", d, "use 'auto', a count >= 1, or a non-empty list of GPU ids >= 0")
@@ -68,146 +68,6 @@ class ExecutorConfig:
               "must be >= 1, or 'auto' (sized from the GPUs' free memory)")
         check(self.threads_per_worker is None or self.threads_per_worker >= 1, "executor.threads_per_worker",
               self.threads_per_worker, "must be >= 1, or null to split this machine's cores among the workers")
-
-
-def resolve_devices(devices: Union[str, int, list[int]], accelerator: str = "auto") -> list[Optional[int]]:
-    """GPU ids to pin workers to; ``[None] * N`` for N CPU slots (always CPU slots when
-    ``trainer.accelerator`` is ``"cpu"``, so a CPU run asks for the same slots on any machine).
-
-    Raises:
-        ConfigError: a bad value or GPU ids that do not exist, naming the field and the fix.
-    """
-    n_gpu = 0 if accelerator == "cpu" else torch.cuda.device_count()
-    if devices == "auto":
-        return list(range(n_gpu)) if n_gpu else [None]
-    if isinstance(devices, int):
-        if devices < 1:
-            raise ConfigError(f"executor.devices={devices}: must be >= 1, a list of GPU ids, or 'auto'")
-        if n_gpu:
-            if devices > n_gpu:
-                raise ConfigError(f"executor.devices={devices} but only {n_gpu} GPU(s) are visible; "
-                                  f"give at most {n_gpu}, or 'auto'")
-            return list(range(devices))
-        return [None] * devices
-    if isinstance(devices, list) and devices:
-        bad = [d for d in devices if not 0 <= d < n_gpu]
-        if bad:
-            raise ConfigError(f"executor.devices={devices}: GPU ids {bad} do not exist ({n_gpu} visible); use 'auto'")
-        return list(devices)
-    raise ConfigError(f"executor.devices={devices!r}: use 'auto', a count, or a list of GPU ids")
-
-
-def physical_gpu(index: int) -> str:
-    """The ``CUDA_VISIBLE_DEVICES`` entry of visible GPU ``index`` (this process's own ``CUDA_VISIBLE_DEVICES``
-    renumbers the GPUs it lists from 0): what a child process pinned to that GPU is given."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None or not visible.strip():
-        return str(index)
-    return [v.strip() for v in visible.split(",") if v.strip()][index]
-
-
-def shared_memory_needed(samples: int, sample_bytes: int, public_bytes: int, upload_bytes: int, parameters: int,
-                         server_model_bytes: int, workers: int) -> int:
-    """Bytes a parallel run may hold in shared memory at once (an estimate). torch moves a tensor it sends to a
-    worker into shared memory in place, and it stays there while the main process holds it, so what stays is every
-    client's data (``samples`` of ``sample_bytes``), U (``public_bytes``), every upload (``upload_bytes`` in all)
-    and four float32 copies of every client model's ``parameters`` (sent, the trained copy sent back, and the
-    copies a round's stages keep until they are replaced; measured on digits_smoke with 2 workers: a peak of 34.4
-    MiB for 10 clients and 68.8 MiB for 20, against 38.3 and 74.8 MiB estimated). The server's models (teachers,
-    ``server_model_bytes`` the largest) count for the tasks in flight only: sent and sent back by each worker."""
-    return samples * sample_bytes + public_bytes + upload_bytes + 4 * 4 * parameters + 2 * workers * server_model_bytes
-
-
-def check_shared_memory(needed: int, workers: int, path: str = "/dev/shm") -> None:
-    """Stop before round 0 when ``needed`` bytes (:func:`shared_memory_needed`) do not fit in
-    ``path``'s free space: torch passes tensors between processes through it, and running out mid-stage ends in a
-    bus error.
-
-    Raises:
-        ConfigError: naming the sizes, Docker's ``--shm-size`` and the settings that lower the need.
-    """
-    try:
-        free = shutil.disk_usage(path).free
-    except OSError:  # no such file system here (macOS, Windows): nothing to check against
-        return
-    if needed > free:
-        mib = 2 ** 20
-        raise ConfigError(
-            f"executor: {workers} parallel workers may hold about {needed / mib:.0f} MiB in shared memory "
-            f"({path}) at once, and it has {free / mib:.0f} MiB free: give the container more (docker run "
-            f"--shm-size={max(1, -(-2 * needed // 2 ** 30))}g), or lower executor.workers_per_device or "
-            "executor.devices, or use executor.kind sequential")
-
-
-CUDA_CONTEXT_BYTES = 600 * 2 ** 20  # a process's CUDA context and torch's kernels (about 0.5 GiB on recent GPUs)
-# processes on one GPU take turns on it (time slices, unless NVIDIA MPS is running): more workers hide each other's
-# CPU-side work (batch gathering, kernel launches) up to a point; 4 is a guess, not yet measured on a GPU
-MAX_WORKERS_PER_DEVICE = 4
-
-
-def worker_gpu_bytes(parameters: int, data_bytes: int) -> int:
-    """GPU bytes one worker needs for a task (an estimate): a CUDA context (:data:`CUDA_CONTEXT_BYTES`), float32
-    weights, gradients and Adam's two moments (16 bytes per parameter of the largest model), as much again for
-    activations and the allocator's slack, and the data the worker keeps on the device (``data_bytes``, uint8
-    images: the resident tensors it has been sent, :meth:`Executor.keep_resident`)."""
-    return CUDA_CONTEXT_BYTES + 2 * 16 * parameters + data_bytes
-
-
-def auto_workers_per_device(free: Sequence[int], need: int, cpus: int, tasks: int) -> int:
-    """Workers per GPU for ``workers_per_device: auto``: as many as fit in 80% of the GPU with the least free memory
-    (``free`` bytes per GPU, ``need`` bytes per worker), at most one per CPU core (``cpus`` over the GPUs), no more
-    than a stage's ``tasks`` need (spread over the GPUs) and :data:`MAX_WORKERS_PER_DEVICE`; at least 1.
-
-    Example: 2 GPUs with 20 GiB free, 2 GiB per worker, 16 cores, 25 clients: min(8, 8, 13, 4) = 4; with 6 GiB
-    per worker: min(2, 8, 13, 4) = 2."""
-    gpus = max(1, len(free))
-    fits = int(0.8 * min(free) // need) if free else 1
-    return max(1, min(fits, cpus // gpus, -(-tasks // gpus), MAX_WORKERS_PER_DEVICE))
-
-
-def gpu_free_bytes(gpus: Sequence[int]) -> Optional[list[int]]:
-    """Free memory of visible GPUs ``gpus`` (bytes), read by ``nvidia-smi`` so that this process opens no CUDA
-    context on them; None where ``nvidia-smi`` is absent or fails (a MIG slice's id, which it does not take).
-
-    CUDA numbers GPUs fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, ``nvidia-smi`` by PCI bus: the two
-    agree where every GPU is the same model. Where they may not (GPUs of several models, that order not set), each
-    GPU is given the least free memory of all of them."""
-    import subprocess
-
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-
-    def query(*select: str) -> list[tuple[str, int]]:
-        done = subprocess.run([exe, "--query-gpu=name,memory.free", "--format=csv,noheader,nounits", *select],
-                              capture_output=True, text=True, timeout=30, check=True)
-        return [(name.strip(), int(float(free)) * 2 ** 20) for name, free in
-                (line.rsplit(",", 1) for line in done.stdout.splitlines() if line.strip())]  # MiB
-
-    try:
-        every = query()
-        if len({name for name, _ in every}) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
-            return [min(free for _, free in every)] * len(gpus)
-        return [query("-i", physical_gpu(gpu))[0][1] for gpu in gpus]
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
-
-
-def available_cpus() -> int:
-    """The CPU cores this process may run on: its affinity mask (``taskset``, a container's cpuset, a test
-    worker pinned to one core), else ``os.cpu_count()``."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS and Windows have no affinity mask
-        return os.cpu_count() or 1
-
-
-def _threads(cfg: ExecutorConfig, workers: int) -> int:
-    if cfg.threads_per_worker is not None:
-        if cfg.threads_per_worker < 1:
-            raise ConfigError(f"executor.threads_per_worker={cfg.threads_per_worker}: must be >= 1 or null")
-        return cfg.threads_per_worker
-    return max(1, available_cpus() // workers)
 
 
 class TaskFailure:
@@ -345,7 +205,7 @@ class Executor:
         """Register ``tensor`` (a client's data, U: what stays the same for the whole run) under ``name``: a task
         argument that is this very tensor goes to each worker once, and the worker keeps it for later tasks, across
         stages and rounds (:mod:`cosmos_pl.federated.transfer`). The tensor is tagged with ``name`` so that a stage
-        on a GPU keeps one device copy of it (``training.stages``). It must not change afterwards.
+        on a GPU keeps one device copy of it (``cosmos_pl.training.engine``). It must not change afterwards.
 
         Raises:
             ValueError: ``name`` already names another tensor."""
@@ -356,28 +216,20 @@ class Executor:
         self.slots = self.devices * per_device
         on_gpus = any(slot is not None for slot in self.slots)
         self.parallel = len(self.slots) > 1 and (self.cfg.kind == "parallel" or (self.cfg.kind == "auto" and on_gpus))
-        self.threads = _threads(self.cfg, len(self.slots) if self.parallel else 1)
+        self.threads = worker_threads(self.cfg.threads_per_worker, len(self.slots) if self.parallel else 1)
 
     def size_workers(self, parameters: int, data_bytes: int, tasks: int) -> Optional[str]:
-        """``workers_per_device: auto`` on GPUs, before any worker starts: set the workers per GPU by
-        :func:`auto_workers_per_device`, for a largest model of ``parameters`` and ``data_bytes`` kept on the GPU
-        (:func:`worker_gpu_bytes`) and a stage of at most ``tasks`` tasks; return the line that says so. None (and
-        one worker per device) on a CPU or with a number given. Without ``nvidia-smi`` one worker per GPU, said so.
-        With ``kind: sequential`` nothing runs in workers, and nothing is sized."""
+        """``workers_per_device: auto`` on GPUs, before any worker starts: set the workers per GPU
+        (:func:`~cosmos_pl.federated.devices.workers_per_gpu`: from the GPUs' free memory, for a largest model of
+        ``parameters`` and ``data_bytes`` kept on the GPU and a stage of at most ``tasks`` tasks); return the line
+        that says so. None (and one worker per device) on a CPU or with a number given. Without ``nvidia-smi`` one
+        worker per GPU, said so. With ``kind: sequential`` nothing runs in workers, and nothing is sized."""
         gpus = [slot for slot in self.devices if slot is not None]
         if self.cfg.workers_per_device != "auto" or not gpus or self.cfg.kind == "sequential" or self._workers:
             return None
-        need = worker_gpu_bytes(parameters, data_bytes)
-        free = gpu_free_bytes(gpus)
-        if free is None:
-            self._set_workers_per_device(1)
-            return ("executor: 1 worker per GPU (workers_per_device auto: nvidia-smi did not answer, so the GPUs' free "
-                    "memory is unknown; give executor.workers_per_device a number to run more)")
-        self._set_workers_per_device(auto_workers_per_device(free, need, available_cpus(), tasks))
-        gib = 2 ** 30
-        return (f"executor: {self.workers_per_device} worker(s) per GPU on {len(gpus)} GPU(s) (workers_per_device "
-                f"auto: {min(free) / gib:.1f} GiB free on the fullest GPU, about {need / gib:.2f} GiB per worker, "
-                f"{available_cpus()} CPU cores, {tasks} tasks per stage at most)")
+        per_device, line = workers_per_gpu(gpus, parameters, data_bytes, tasks)
+        self._set_workers_per_device(per_device)
+        return line
 
     # ------------------------------------------------------------------ workers
     def _spawn(self, gpu: Optional[int]) -> _Worker:

@@ -21,8 +21,8 @@ from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.locks import FolderLock, unwritable
 from cosmos_pl.files import WriteFailed, atomic_save, atomic_save_figure, atomic_write_text
 
-__all__ = ["RunDirectory", "RESULT_FILES", "RUN_FILES", "WriteFailed", "atomic_write_text", "atomic_save",
-           "atomic_save_figure"]
+__all__ = ["RunDirectory", "RESULT_FILES", "RUN_FILES", "WriteFailed", "create_folder", "atomic_write_text",
+           "atomic_save", "atomic_save_figure"]
 
 # What marks a folder as holding a run (what compare and the refusal look for).
 RESULT_FILES = ("config.yaml", "partition.json", "clusters.json", "metrics.csv", "clients.csv", "summary.json")
@@ -42,7 +42,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _mkdir(path: Path, key: str) -> None:
+def create_folder(path: Path, key: str) -> None:
     """``path.mkdir(parents=True, exist_ok=True)``; a file in the way, or no permission, is a ConfigError."""
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -81,7 +81,7 @@ class RunDirectory:
             UserError: the folder cannot be written.
         """
         path = Path(path)
-        _mkdir(path, key)
+        create_folder(path, key)
         lock = FolderLock(path, key).acquire()  # before looking inside: another run may be writing there
         try:
             found = [name for name in RUN_FILES if (path / name).exists()]
@@ -115,7 +115,7 @@ class RunDirectory:
         """A new, empty, locked folder ``base``, or ``base-2``, ``base-3``, ... when that exists: created
         atomically (``mkdir`` without ``exist_ok``), so two runs started in the same second never share one."""
         base = Path(base)
-        _mkdir(base.parent, key)
+        create_folder(base.parent, key)
         for n in range(1, 10_000):
             path = base if n == 1 else base.with_name(f"{base.name}-{n}")
             try:

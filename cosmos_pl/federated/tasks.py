@@ -9,7 +9,8 @@ from typing import Any, Optional
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cosmos_pl.federated.executor import Executor, Task
+from cosmos_pl.federated.executor import Executor
+from cosmos_pl.objectives.step import Task
 
 __all__ = ["StageTimer", "TaskRunner"]
 

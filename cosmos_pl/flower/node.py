@@ -25,7 +25,7 @@ from cosmos_pl.flower.node_state import (COMMITTED, META, SITE_KEYS, WORKING, No
 from cosmos_pl.models import create_backbone
 from cosmos_pl.models.personal import load_shared_weights, shared_weights
 from cosmos_pl.objectives.runtime import encode_upload
-from cosmos_pl.objectives.step import steps_from_wire
+from cosmos_pl.objectives.wire import steps_from_wire
 from cosmos_pl.training.client import Client
 from cosmos_pl.uploads import public_fingerprint
 
@@ -118,7 +118,7 @@ class StepFailed(Exception):
 
 
 def run_steps(content: RecordDict, run: NodeRun, client: Client, rnd: int) -> dict[str, float]:
-    """Run the training steps the message carries (:func:`cosmos_pl.objectives.step.steps_to_wire`), in order, on
+    """Run the training steps the message carries (:func:`cosmos_pl.objectives.wire.steps_to_wire`), in order, on
     ``client.model``;
     returns their last-epoch losses as ``{"s<j>.<name>": value}``.
 

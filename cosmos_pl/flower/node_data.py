@@ -125,7 +125,7 @@ def load_run(config_yaml: str, client_id: int, cache: Optional[Path] = None, sit
         if run.public_x is None and site is not None:  # U may have arrived since
             run.public_x = run.steps.public = site.public()
         return run
-    from cosmos_pl.cli import build_fit_parser
+    from cosmos_pl.parsers import build_fit_parser
 
     parser = build_fit_parser()
     init = parser.instantiate(parser.parse_string(config_yaml))

@@ -36,7 +36,8 @@ from cosmos_pl.flower.joining import NodeJoining
 from cosmos_pl.flower.replies import NodeRestarted, read_reply
 from cosmos_pl.objectives.local_fit import LocalFit
 from cosmos_pl.objectives.runtime import encode_upload
-from cosmos_pl.objectives.step import ClientStep, steps_to_wire
+from cosmos_pl.objectives.step import ClientStep
+from cosmos_pl.objectives.wire import steps_to_wire
 
 __all__ = ["FlowerClients"]
 

@@ -1,6 +1,6 @@
 """The Flower ``ServerApp``: ``cosmos-pl fit`` with its clients on Flower nodes.
 
-Its main parses the same YAML configs as ``cosmos-pl fit`` and calls the same :func:`cosmos_pl.cli.run_fit`
+Its main parses the same YAML configs as ``cosmos-pl fit`` and calls the same :func:`cosmos_pl.fit.run_fit`
 (run directory, config.yaml, metrics.csv, summary.json, W&B) with :class:`~cosmos_pl.flower.server.FlowerClients`
 as the clients. Its settings come from Flower's run config (``[tool.flwr.app.config]`` in pyproject.toml, or
 ``flwr run . --run-config "config='configs/digits_flower.yaml' run-dir='runs/x'"``):
@@ -137,7 +137,8 @@ def main(grid: Grid, run_config: dict[str, Any]) -> None:
         from jsonargparse import ArgumentError
 
         from cosmos_pl.class_groups import parse_args
-        from cosmos_pl.cli import build_fit_parser, run_fit
+        from cosmos_pl.fit import run_fit
+        from cosmos_pl.parsers import build_fit_parser
         from cosmos_pl.flower.server import FlowerClients
 
         parser = build_fit_parser()

@@ -20,7 +20,7 @@ message type             server -> node                                         
 =======================  ==========================================================  ==============================
 
 A client's training steps (LocalFit, Distill, JointFit, UnionFit, ProxFit, FineTune, StartGlobal, with the target the server sent for it, each encoded
-by its own class: :func:`cosmos_pl.objectives.step.steps_to_wire`) need no reply of their own: they ride on the
+by its own class: :func:`cosmos_pl.objectives.wire.steps_to_wire`) need no reply of their own: they ride on the
 client's next message, which runs them first and replies their last-epoch losses. A round is then two messages per
 client (e.g. COSMOS's IFFT: local fit + pseudo-labels; distillation + scores), which matters where every message
 starts a ClientApp process (Flower 1.42). The models sent to be scored are counted apart from the protocol's bytes

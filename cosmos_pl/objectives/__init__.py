@@ -11,9 +11,9 @@ LightningModule, its loss and its stage function, on the generic engine of :mod:
 | :mod:`~cosmos_pl.objectives.finetune` | ``FineTune`` | the global model fine-tuned with CE | FedBABU |
 | :mod:`~cosmos_pl.objectives.protocol` | ``Upload``, ``LoadWeights``, ``StartGlobal`` | no training: what is sent, loaded, copied | all |
 
-Beside them: :mod:`~cosmos_pl.objectives.step` (the :class:`ClientStep` base, the wire encoding of a message's
-steps) and :mod:`~cosmos_pl.objectives.runtime` (the settings every step reads and the inference tasks). The
-objective modules import Lightning; ``step``, ``runtime`` and ``protocol`` do not, and this package imports none of
+Beside them: :mod:`~cosmos_pl.objectives.step` (the :class:`ClientStep` base), :mod:`~cosmos_pl.objectives.wire`
+(a message's steps on the wire) and :mod:`~cosmos_pl.objectives.runtime` (the settings every step reads and the
+inference tasks). The objective modules import Lightning; ``step``, ``wire``, ``runtime`` and ``protocol`` do not, and this package imports none of
 its modules, so an algorithm's settings are parsed without the trainer stack (the algorithms import their steps in
 ``plan``).
 """

@@ -1,5 +1,4 @@
-"""What every client step is: :class:`ClientStep` (its fields, its stage name, its task and its wire encoding), and
-the wire encoding of a message's list of steps.
+"""What every client step is: :class:`ClientStep` (its fields, its stage name, its task and its wire encoding).
 
 A round is an ordered list of steps (an algorithm's :meth:`~cosmos_pl.algorithms.base.Algorithm.plan`). A training
 objective is a :class:`ClientStep` subclass in its own module of :mod:`cosmos_pl.objectives`, which holds, beside the
@@ -19,7 +18,7 @@ if TYPE_CHECKING:
     from cosmos_pl.objectives.runtime import ClientRuntime
     from cosmos_pl.training.client import Client
 
-__all__ = ["CLIENT_STEPS", "ClientStep", "Task", "steps_from_wire", "steps_to_wire"]
+__all__ = ["CLIENT_STEPS", "ClientStep", "Task"]
 
 #: A task: a module-level function and its keyword arguments, run where the client's model is (an executor worker,
 #: a Flower node); picklable by the function's name.
@@ -71,38 +70,3 @@ class ClientStep:
         ``where`` (the stage in error messages)."""
         return dict(model=client.model, batch_size=runtime.clients.batch_size, transformations=runtime.transformations,
                     trainer=runtime.trainer, where=f"round {rnd}, {self.stage}, client {client.id}")
-
-
-def steps_to_wire(steps: list[tuple[ClientStep, Optional[torch.Tensor]]]
-                  ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Training steps with their targets as ``(config, arrays)``: ``{"steps": k, "s0.step": "LocalFit", ...}`` and
-    ``{"s1.target": ...}``, each step by its own :meth:`ClientStep.to_wire`."""
-    config: dict[str, Any] = {"steps": len(steps)}
-    arrays: dict[str, torch.Tensor] = {}
-    for j, (step, target) in enumerate(steps):
-        values, tensors = step.to_wire(target)
-        config.update({f"s{j}.{k}": v for k, v in values.items()})
-        arrays.update({f"s{j}.{k}": v for k, v in tensors.items()})
-    return config, arrays
-
-
-def steps_from_wire(config: dict[str, Any], arrays: dict[str, torch.Tensor]
-                    ) -> list[tuple[ClientStep, Optional[torch.Tensor]]]:
-    """The inverse of :func:`steps_to_wire` (no steps: ``[]``).
-
-    Raises:
-        ValueError: an unknown step name (a server and node of different cosmos-pl versions).
-    """
-    if int(config.get("steps", 0)):  # every objective registers its steps in CLIENT_STEPS when imported
-        from cosmos_pl.objectives import distill, finetune, joint, local_fit, protocol, proximal, union  # noqa: F401
-    out = []
-    for j in range(int(config.get("steps", 0))):
-        prefix = f"s{j}."
-        values = {k[len(prefix):]: v for k, v in config.items() if k.startswith(prefix)}
-        tensors = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
-        name = values.get("step")
-        if name not in CLIENT_STEPS:
-            raise ValueError(f"unknown client step {name!r} (known: {sorted(CLIENT_STEPS)}): the server and this node "
-                             "run different cosmos-pl versions; install the same version on both")
-        out.append(CLIENT_STEPS[name].from_wire(values, tensors))
-    return out

@@ -1,0 +1,177 @@
+"""``cosmos-pl compare``: read the algorithms, seeds and jobs, make every pair (at every grid point), run them and
+write the report.
+
+:func:`run_compare` checks everything before any pair starts (the names, the lists, every pair's config at every
+point), then locks ``--out`` and runs the pairs (:mod:`cosmos_pl.compare.pairs`); with ``--grid`` the pairs of every
+point of the grid (:mod:`cosmos_pl.compare.grid`), each distinct pair once, then each point's report and the grid's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+from jsonargparse import ArgumentParser, Namespace
+from rich.console import Console
+
+from cosmos_pl.algorithms import algorithm_class
+from cosmos_pl.compare.grid import (
+    GridPlan,
+    algorithm_setting,
+    check_keys,
+    grid_counts,
+    grid_points,
+    parse_grid,
+    point_name,
+    point_notes,
+    print_grid_plan,
+    settings_for,
+    write_grid_report,
+)
+from cosmos_pl.compare.pairs import Pair, execute_pairs, finished, pair_configs, report_pairs
+from cosmos_pl.compare.report import PairResult, summarize
+from cosmos_pl.config import CompareConfig, check_seed
+from cosmos_pl.errors import ConfigError, check
+from cosmos_pl.federated.locks import FolderLock
+from cosmos_pl.federated.run_directory import create_folder
+
+__all__ = ["run_compare", "CompareResult", "plan_grid", "run_grid"]
+
+
+@dataclass
+class CompareResult:
+    """What ``run_compare`` returns: the pairs and which failed (the CLI exits 1 when any did)."""
+
+    pairs: list[PairResult]
+    out: Path
+
+    @property
+    def failed(self) -> bool:
+        return any(p.error is not None for p in self.pairs)
+
+
+def _split(text: Optional[str], cast: Any, key: str) -> Optional[list]:
+    if text is None:
+        return None
+    try:
+        values = [cast(v.strip()) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"--{key}={text!r}: give a comma-separated list, e.g. --{key} "
+                          f"{'0,1,2' if cast is int else 'cosmos,fedmd'}") from None
+    check(len(values) > 0, f"--{key}", text, "the list is empty")
+    return values
+
+
+def run_compare(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser,
+                console: Optional[Console] = None) -> CompareResult:
+    """Run (or resume) every pair of ``cfg`` (parsed by the ``compare`` ``parser``) and write the report into
+    ``cfg.out``; each pair's config is a ``fit`` config checked with ``fit_parser``.
+
+    Raises:
+        ConfigError: an unknown algorithm name, a bad list, a bad pair setting, an ``--out`` that is a file, or
+            a finished run made with a different config in ``--out``; all before any pair starts.
+    """
+    console = console or Console()
+    algorithms = _split(cfg.algorithms, str, "algorithms") or list(cfg.comparison.algorithms)
+    for name in algorithms:
+        algorithm_class(name, "--algorithms")
+    seeds = _split(cfg.seeds, int, "seeds") or list(cfg.comparison.seeds)
+    for seed in seeds:
+        check_seed("--seeds", seed)
+    jobs = cfg.jobs if cfg.jobs is not None else cfg.comparison.jobs
+    check(jobs >= 1, "--jobs", jobs, "must be >= 1")
+    out = Path(cfg.out)
+    check(not out.is_file(), "--out", str(out), "is an existing file; give a folder")
+    CompareConfig(**cfg.comparison.clone().as_dict())  # its own checks (algorithm names in settings, seeds, jobs)
+    grid = parse_grid(cfg.get("grid") or [])
+    if grid:  # every point's pairs checked before anything is written
+        plan = plan_grid(cfg, parser, fit_parser, out, algorithms, seeds, jobs, grid)
+        if cfg.get("dry_run"):
+            print_grid_plan(plan, [p for p in plan.unique if not finished(p)], out, algorithms, seeds, jobs, console)
+            return CompareResult([], out)
+        create_folder(out, "--out")
+        with FolderLock(out, "--out"):
+            return CompareResult(run_grid(cfg, plan, out, algorithms, seeds, jobs, console), out)
+    pairs = pair_configs(cfg, parser, fit_parser, out, algorithms, seeds, jobs)
+    if cfg.get("dry_run"):
+        todo = [p for p in pairs if not finished(p)]
+        console.print(f"dry run: {_counts(pairs, todo, out, algorithms, seeds, jobs, 'would run')}")
+        return CompareResult([], out)
+    create_folder(out, "--out")
+    with FolderLock(out, "--out"):  # one compare per folder: a second would delete the pairs the first runs
+        return _run_pairs(cfg, pairs, out, algorithms, seeds, jobs, console)
+
+
+def _run_pairs(cfg: Namespace, pairs: list[Pair], out: Path, algorithms: list[str], seeds: list[int], jobs: int,
+               console: Console) -> CompareResult:
+    """:func:`run_compare` inside its locked ``--out`` folder: run what is not finished, then the report."""
+    todo = [p for p in pairs if not finished(p)]
+    console.print(f"[bold]cosmos-pl compare[/bold]: {_counts(pairs, todo, out, algorithms, seeds, jobs)}")
+    errors = execute_pairs(todo, jobs, console)
+    results = report_pairs(cfg, pairs, errors, out, algorithms, console)
+    return CompareResult(results, out)
+
+
+def _counts(pairs: list[Pair], todo: list[Pair], out: Path, algorithms: list[str], seeds: list[int], jobs: int,
+            verb: str = "to run") -> str:
+    """What a compare (or its dry run, ``verb`` "would run") is about to do, in one line."""
+    return (f"{len(pairs)} pairs ({', '.join(dict.fromkeys(algorithms))} x seeds {seeds}); {len(pairs) - len(todo)} "
+            f"already finished in {out}, {len(todo)} {verb}, {jobs} at a time")
+
+
+def plan_grid(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser, out: Path, algorithms: list[str],
+              seeds: list[int], jobs: int, grid: list[tuple[str, list[Any]]]) -> GridPlan:
+    """Every point's pairs, each checked as ``fit`` checks a config; writes nothing.
+
+    Raises:
+        ConfigError: a bad key (:func:`~cosmos_pl.compare.grid.check_keys`) or a bad value at some point, naming
+            it."""
+    skipped = check_keys(grid, cfg, algorithms)
+    points, seen, unique = [], {}, []
+    for point in grid_points(grid):
+        point_cfg = cfg.clone()
+        settings = {}
+        for key, value in point.items():
+            setting = algorithm_setting(key, cfg)
+            if setting is None:
+                point_cfg[key] = value
+            else:
+                settings[setting] = value
+        folder = out / point_name(point)
+        try:
+            pairs = pair_configs(point_cfg, parser, fit_parser, folder, algorithms, seeds, jobs,
+                                 settings_for(algorithms, settings), out / "round0")
+        except ConfigError as err:
+            raise ConfigError(f"--grid point {point_name(point)}: {err}") from None
+        shared = []
+        for p in pairs:  # an algorithm the sweep leaves alone has the same config at every point: run it once
+            config = yaml.safe_load(p.config_yaml)
+            config.pop("run_dir", None)
+            identity = yaml.safe_dump(config, sort_keys=True)
+            if identity not in seen:
+                seen[identity] = p
+                unique.append(p)
+            shared.append(seen[identity])
+        points.append((point, folder, shared))
+    return GridPlan(grid, points, unique, skipped)
+
+
+def run_grid(cfg: Namespace, plan: GridPlan, out: Path, algorithms: list[str], seeds: list[int], jobs: int,
+             console: Console) -> list[PairResult]:
+    """Run every distinct pair of ``plan`` once (skipping finished ones, resuming interrupted ones), then each
+    point's report and the grid's; returns every point's pair results (the CLI exits 1 when any failed)."""
+    todo = [p for p in plan.unique if not finished(p)]
+    console.print(f"[bold]cosmos-pl compare --grid[/bold]: {grid_counts(plan, out, algorithms, seeds, jobs, todo)}")
+    errors = execute_pairs(todo, jobs, console)
+    config_name = Path(str((cfg.get("config") or ["compare"])[-1])).stem
+    results, tables = [], []
+    for point, folder, pairs in plan.points:
+        folder.mkdir(parents=True, exist_ok=True)
+        title = f"{config_name}, {point_name(point)}: {', '.join(dict.fromkeys(algorithms))}"
+        got = report_pairs(cfg, pairs, errors, folder, algorithms, console, title)
+        results += got
+        tables.append((point, summarize(got, metric=cfg.headline_metric), point_notes(point, plan.skipped)))
+    write_grid_report(plan, tables, out, config_name, cfg.headline_metric, console)
+    return results

@@ -1,0 +1,186 @@
+"""The machine's devices for a run: which GPUs and CPU cores it may use, how many workers fit on a GPU, and the
+shared memory parallel workers need.
+
+GPUs are numbered as this process sees them (``CUDA_VISIBLE_DEVICES`` renumbers them from 0); :func:`physical_gpu`
+gives the entry a child process pinned to one of them is given. ``workers_per_device: auto`` reads the GPUs' free
+memory with ``nvidia-smi`` (so that this process opens no CUDA context on them) and sizes the workers per GPU from
+the largest model (:func:`workers_per_gpu`). The executor (:mod:`cosmos_pl.federated.executor`) and compare's
+side-by-side pairs use these.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Optional, Sequence, Union
+
+import torch
+
+from cosmos_pl.errors import ConfigError
+
+__all__ = ["resolve_devices", "physical_gpu", "available_cpus", "worker_threads", "shared_memory_needed",
+           "check_shared_memory", "CUDA_CONTEXT_BYTES", "MAX_WORKERS_PER_DEVICE", "worker_gpu_bytes",
+           "auto_workers_per_device", "gpu_free_bytes", "workers_per_gpu"]
+
+
+def resolve_devices(devices: Union[str, int, list[int]], accelerator: str = "auto") -> list[Optional[int]]:
+    """GPU ids to pin workers to; ``[None] * N`` for N CPU slots (always CPU slots when
+    ``trainer.accelerator`` is ``"cpu"``, so a CPU run asks for the same slots on any machine).
+
+    Raises:
+        ConfigError: a bad value or GPU ids that do not exist, naming the field and the fix.
+    """
+    n_gpu = 0 if accelerator == "cpu" else torch.cuda.device_count()
+    if devices == "auto":
+        return list(range(n_gpu)) if n_gpu else [None]
+    if isinstance(devices, int):
+        if devices < 1:
+            raise ConfigError(f"executor.devices={devices}: must be >= 1, a list of GPU ids, or 'auto'")
+        if n_gpu:
+            if devices > n_gpu:
+                raise ConfigError(f"executor.devices={devices} but only {n_gpu} GPU(s) are visible; "
+                                  f"give at most {n_gpu}, or 'auto'")
+            return list(range(devices))
+        return [None] * devices
+    if isinstance(devices, list) and devices:
+        bad = [d for d in devices if not 0 <= d < n_gpu]
+        if bad:
+            raise ConfigError(f"executor.devices={devices}: GPU ids {bad} do not exist ({n_gpu} visible); use 'auto'")
+        return list(devices)
+    raise ConfigError(f"executor.devices={devices!r}: use 'auto', a count, or a list of GPU ids")
+
+
+def physical_gpu(index: int) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` entry of visible GPU ``index`` (this process's own ``CUDA_VISIBLE_DEVICES``
+    renumbers the GPUs it lists from 0): what a child process pinned to that GPU is given."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return str(index)
+    return [v.strip() for v in visible.split(",") if v.strip()][index]
+
+
+def shared_memory_needed(samples: int, sample_bytes: int, public_bytes: int, upload_bytes: int, parameters: int,
+                         server_model_bytes: int, workers: int) -> int:
+    """Bytes a parallel run may hold in shared memory at once (an estimate). torch moves a tensor it sends to a
+    worker into shared memory in place, and it stays there while the main process holds it, so what stays is every
+    client's data (``samples`` of ``sample_bytes``), U (``public_bytes``), every upload (``upload_bytes`` in all)
+    and four float32 copies of every client model's ``parameters`` (sent, the trained copy sent back, and the
+    copies a round's stages keep until they are replaced; measured on digits_smoke with 2 workers: a peak of 34.4
+    MiB for 10 clients and 68.8 MiB for 20, against 38.3 and 74.8 MiB estimated). The server's models (teachers,
+    ``server_model_bytes`` the largest) count for the tasks in flight only: sent and sent back by each worker."""
+    return samples * sample_bytes + public_bytes + upload_bytes + 4 * 4 * parameters + 2 * workers * server_model_bytes
+
+
+def check_shared_memory(needed: int, workers: int, path: str = "/dev/shm") -> None:
+    """Stop before round 0 when ``needed`` bytes (:func:`shared_memory_needed`) do not fit in
+    ``path``'s free space: torch passes tensors between processes through it, and running out mid-stage ends in a
+    bus error.
+
+    Raises:
+        ConfigError: naming the sizes, Docker's ``--shm-size`` and the settings that lower the need.
+    """
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:  # no such file system here (macOS, Windows): nothing to check against
+        return
+    if needed > free:
+        mib = 2 ** 20
+        raise ConfigError(
+            f"executor: {workers} parallel workers may hold about {needed / mib:.0f} MiB in shared memory "
+            f"({path}) at once, and it has {free / mib:.0f} MiB free: give the container more (docker run "
+            f"--shm-size={max(1, -(-2 * needed // 2 ** 30))}g), or lower executor.workers_per_device or "
+            "executor.devices, or use executor.kind sequential")
+
+
+CUDA_CONTEXT_BYTES = 600 * 2 ** 20  # a process's CUDA context and torch's kernels (about 0.5 GiB on recent GPUs)
+# processes on one GPU take turns on it (time slices, unless NVIDIA MPS is running): more workers hide each other's
+# CPU-side work (batch gathering, kernel launches) up to a point; 4 is a guess, not yet measured on a GPU
+MAX_WORKERS_PER_DEVICE = 4
+
+
+def worker_gpu_bytes(parameters: int, data_bytes: int) -> int:
+    """GPU bytes one worker needs for a task (an estimate): a CUDA context (:data:`CUDA_CONTEXT_BYTES`), float32
+    weights, gradients and Adam's two moments (16 bytes per parameter of the largest model), as much again for
+    activations and the allocator's slack, and the data the worker keeps on the device (``data_bytes``, uint8
+    images: the resident tensors it has been sent, :meth:`Executor.keep_resident`)."""
+    return CUDA_CONTEXT_BYTES + 2 * 16 * parameters + data_bytes
+
+
+def auto_workers_per_device(free: Sequence[int], need: int, cpus: int, tasks: int) -> int:
+    """Workers per GPU for ``workers_per_device: auto``: as many as fit in 80% of the GPU with the least free memory
+    (``free`` bytes per GPU, ``need`` bytes per worker), at most one per CPU core (``cpus`` over the GPUs), no more
+    than a stage's ``tasks`` need (spread over the GPUs) and :data:`MAX_WORKERS_PER_DEVICE`; at least 1.
+
+    Example: 2 GPUs with 20 GiB free, 2 GiB per worker, 16 cores, 25 clients: min(8, 8, 13, 4) = 4; with 6 GiB
+    per worker: min(2, 8, 13, 4) = 2."""
+    gpus = max(1, len(free))
+    fits = int(0.8 * min(free) // need) if free else 1
+    return max(1, min(fits, cpus // gpus, -(-tasks // gpus), MAX_WORKERS_PER_DEVICE))
+
+
+def gpu_free_bytes(gpus: Sequence[int]) -> Optional[list[int]]:
+    """Free memory of visible GPUs ``gpus`` (bytes), read by ``nvidia-smi`` so that this process opens no CUDA
+    context on them; None where ``nvidia-smi`` is absent or fails (a MIG slice's id, which it does not take).
+
+    CUDA numbers GPUs fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, ``nvidia-smi`` by PCI bus: the two
+    agree where every GPU is the same model. Where they may not (GPUs of several models, that order not set), each
+    GPU is given the least free memory of all of them."""
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+
+    def query(*select: str) -> list[tuple[str, int]]:
+        done = subprocess.run([exe, "--query-gpu=name,memory.free", "--format=csv,noheader,nounits", *select],
+                              capture_output=True, text=True, timeout=30, check=True)
+        return [(name.strip(), int(float(free)) * 2 ** 20) for name, free in
+                (line.rsplit(",", 1) for line in done.stdout.splitlines() if line.strip())]  # MiB
+
+    try:
+        every = query()
+        if len({name for name, _ in every}) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+            return [min(free for _, free in every)] * len(gpus)
+        return [query("-i", physical_gpu(gpu))[0][1] for gpu in gpus]
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def available_cpus() -> int:
+    """The CPU cores this process may run on: its affinity mask (``taskset``, a container's cpuset, a test
+    worker pinned to one core), else ``os.cpu_count()``."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity mask
+        return os.cpu_count() or 1
+
+
+def worker_threads(threads_per_worker: Optional[int], workers: int) -> int:
+    """Torch CPU threads in each task: ``threads_per_worker`` (``executor.threads_per_worker``) when given, else this
+    machine's cores (:func:`available_cpus`) split among ``workers``, at least 1.
+
+    Raises:
+        ConfigError: ``threads_per_worker`` below 1.
+    """
+    if threads_per_worker is not None:
+        if threads_per_worker < 1:
+            raise ConfigError(f"executor.threads_per_worker={threads_per_worker}: must be >= 1 or null")
+        return threads_per_worker
+    return max(1, available_cpus() // workers)
+
+
+def workers_per_gpu(gpus: Sequence[int], parameters: int, data_bytes: int, tasks: int) -> tuple[int, str]:
+    """``workers_per_device: auto`` on the visible GPUs ``gpus``: the workers per GPU
+    (:func:`auto_workers_per_device`) for a largest model of ``parameters`` and ``data_bytes`` kept on the GPU
+    (:func:`worker_gpu_bytes`) and a stage of at most ``tasks`` tasks, and the line that says so. Without
+    ``nvidia-smi`` (:func:`gpu_free_bytes` is None) one worker per GPU, said so."""
+    need = worker_gpu_bytes(parameters, data_bytes)
+    free = gpu_free_bytes(gpus)
+    if free is None:
+        return 1, ("executor: 1 worker per GPU (workers_per_device auto: nvidia-smi did not answer, so the GPUs' free "
+                   "memory is unknown; give executor.workers_per_device a number to run more)")
+    per_device = auto_workers_per_device(free, need, available_cpus(), tasks)
+    gib = 2 ** 30
+    return per_device, (f"executor: {per_device} worker(s) per GPU on {len(gpus)} GPU(s) (workers_per_device "
+                        f"auto: {min(free) / gib:.1f} GiB free on the fullest GPU, about {need / gib:.2f} GiB per "
+                        f"worker, {available_cpus()} CPU cores, {tasks} tasks per stage at most)")
