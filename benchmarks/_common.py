@@ -40,7 +40,7 @@ def build_runner(clients: int, public: int, per_client: int = 480, clients_per_g
                            clients, public_fraction=public / (labelled + public),
                            max_train_samples=labelled + public, seed=0)
     client_config = ClientConfig(backbones=CLIENT_BACKBONES, batch_size=32, optimizer=adam(LR_LABELS),
-                        distill_optimizer=adam(LR_PSEUDO))
+                                 distill_optimizer=adam(LR_PSEUDO))
     algorithm = COSMOS(teacher_backbone=TEACHER_BACKBONE, teacher_batch_size=32, teacher_epochs=1,
                        teacher_optimizer=adam(LR_PSEUDO))
     runner = Runner(fed, algorithm, client_config, rounds=2, seed=0, transformations=Transformations(translate=2),

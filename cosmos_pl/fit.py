@@ -35,7 +35,7 @@ def run_fit(cfg: Namespace, parser: ArgumentParser, transport: Optional[Callable
             server: Any = None) -> dict[str, Any]:
     """Run one experiment from a parsed ``fit`` namespace; returns the summary dict.
 
-    ``transport``: ``(runner, config_yaml=..., num_clients=...) -> Clients``, the clients over another transport
+    ``transport``: ``(view, config_yaml=..., num_clients=...) -> Clients``, the clients over another transport
     than in-process (:mod:`cosmos_pl.flower`'s ServerApp passes its Flower clients), given the resolved config and
     N; the round loop, records and everything else are shared. ``server``: with a transport, the server's data
     (:class:`~cosmos_pl.federated.server_data.ServerData`: U and the class list) when the clients' data are their

@@ -199,7 +199,7 @@ class _HelloClients(FlowerClients):
     """FlowerClients whose hello messages are answered by node.hello on the test's contexts ({node id: Context}), an
     exception becoming the error reply the ClientApp sends (``"<type>: <message>"``)."""
 
-    def _send(self, message_type, contents, timeout=None):
+    def send(self, message_type, contents, timeout=None):
         assert message_type == wire.HELLO
         out = {}
         for node_id, content in contents.items():

@@ -61,6 +61,9 @@ def test_the_readme_objective_at_mu_0_ends_on_fedavgs_weights(digits_federation)
         assert a.keys() == b.keys()
         for k in a:
             assert torch.equal(a[k], b[k]), k
+    # with mu > 0 the proximal term does act: the round ends elsewhere
+    pulled = _round(example.FedProx(mu=1.0), digits_federation)
+    assert any(not torch.equal(pulled[0][k], plain[0][k]) for k in plain[0] if plain[0][k].is_floating_point())
 
 
 def test_the_readme_objective_travels_by_its_own_wire_encoding():

@@ -1,6 +1,6 @@
 """Objectives checked against values worked out by hand or by brute force.
 
-- COMET's joint client loss (:class:`~cosmos_pl.modules.JointModule`): ``CE(f(T(x)), y) + lam * mean_u KL(t || f(u))``
+- COMET's joint client loss (:class:`~cosmos_pl.objectives.joint.JointModule`): ``CE(f(T(x)), y) + lam * mean_u KL(t || f(u))``
   on a batch whose logits are fixed, each term written out with ``math.log``.
 - The separated clusterings behind ``b0: strict`` (the best-silhouette separated clustering, formerly ``auto``):
   the thresholds the code enumerates give exactly the clusterings a brute force over every set partition of N <= 7

@@ -50,7 +50,7 @@ class _Nodes:
 class _LocalFlowerClients(FlowerClients):
     """FlowerClients whose messages are answered by the ClientApp's own handlers on this process's nodes."""
 
-    def _send(self, message_type, contents, timeout=None):
+    def send(self, message_type, contents, timeout=None):
         return {n: read_reply(respond(HANDLERS[message_type], content, self.grid.contexts[n]))
                 for n, content in contents.items()}
 

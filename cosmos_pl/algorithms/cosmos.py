@@ -42,8 +42,8 @@ def teacher_stage(model: nn.Module, cluster_labels: torch.Tensor, aggregation: s
                   x: torch.Tensor, **fit: Any) -> tuple[torch.Tensor, list[dict[str, float]]]:
     """A cluster teacher's round (Section 4.1 Step 3): aggregate its clients' pseudo-labels ``[G, n, M]``
     (mean/median/max), apply the temperature, fit Eq. 1 on U ``x`` ``[n, C, H, W]``, and return the teacher's
-    pseudo-labels on U ``[n, M]`` with its per-epoch losses. ``fit`` holds :func:`fit_distillation`'s keywords
-    (``where`` names the teacher in error messages).
+    pseudo-labels on U ``[n, M]`` with its per-epoch losses. ``fit`` holds the keywords of
+    :func:`~cosmos_pl.objectives.distill.fit_distillation` (``where`` names the teacher in error messages).
 
     Raises:
         DivergenceError: the teacher's training or its pseudo-labels are non-finite.

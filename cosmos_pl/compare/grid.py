@@ -36,7 +36,7 @@ from cosmos_pl.files import atomic_write_text
 
 __all__ = ["parse_grid", "grid_points", "point_name", "algorithm_setting", "takes", "check_keys", "settings_for",
            "GridPlan", "read_everywhere", "grid_counts", "print_grid_plan", "point_notes", "grid_lines",
-           "grid_markdown", "validation_markdown", "clustering_markdown", "write_grid_report"]
+           "grid_markdown", "validation_markdown", "clustering_markdown", "plot_grid", "write_grid_report"]
 
 ALGORITHM_PREFIXES = ("algorithm.init_args.", "algorithm.")
 

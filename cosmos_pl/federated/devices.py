@@ -102,7 +102,7 @@ def worker_gpu_bytes(parameters: int, data_bytes: int) -> int:
     """GPU bytes one worker needs for a task (an estimate): a CUDA context (:data:`CUDA_CONTEXT_BYTES`), float32
     weights, gradients and Adam's two moments (16 bytes per parameter of the largest model), as much again for
     activations and the allocator's slack, and the data the worker keeps on the device (``data_bytes``, uint8
-    images: the resident tensors it has been sent, :meth:`Executor.keep_resident`)."""
+    images: the resident tensors it has been sent, :meth:`~cosmos_pl.federated.executor.Executor.keep_resident`)."""
     return CUDA_CONTEXT_BYTES + 2 * 16 * parameters + data_bytes
 
 

@@ -47,8 +47,8 @@ class ExecutorConfig:
             process) or 'parallel' (a pool of spawned workers, also on the CPU).
         devices: 'auto' (every visible GPU, else one CPU slot), a count N (GPUs 0..N-1, or N CPU slots without CUDA), or a list of GPU ids.
         workers_per_device: workers sharing each device (several small clients can share one large GPU); 'auto'
-            sizes it before round 0 from the GPUs' free memory and the largest model (:meth:`Executor.size_workers`),
-            1 on a CPU.
+            sizes it before round 0 from the GPUs' free memory and the largest model (:meth:`Executor.size_workers`,
+            called by the in-process clients of a simulation), 1 on a CPU and in a Flower deployment's server.
         threads_per_worker: torch CPU threads in every task, sequential included; None splits this machine's cores among the workers. Equal values give bit-identical results across executors.
     """
 

@@ -206,8 +206,7 @@ class FaultyClients(Clients):
         self.clients.close()
 
 
-def wrap(clients: Clients) -> Clients:
-    """``clients`` with the faults of ``$COSMOS_PL_TEST_FAULTS`` (:class:`FaultyClients`), or ``clients`` itself
-    when none are planned (normal use)."""
-    planned = load()
+def wrap(clients: Clients, planned: list[Fault]) -> Clients:
+    """``clients`` with the ``planned`` faults (:func:`load`; :class:`FaultyClients`), or ``clients`` itself when
+    none are planned (normal use)."""
     return FaultyClients(clients, planned) if planned else clients

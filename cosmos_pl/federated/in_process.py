@@ -35,7 +35,6 @@ from cosmos_pl.federated.server_view import ServerView
 from cosmos_pl.files import atomic_save
 from cosmos_pl.models import count_parameters
 from cosmos_pl.models.personal import load_shared_weights, personal_model, shared_weights
-from cosmos_pl.objectives.local_fit import LocalFit
 from cosmos_pl.objectives.runtime import ClientRuntime, encode_upload
 from cosmos_pl.objectives.step import ClientStep
 from cosmos_pl.training.client import Client
@@ -85,7 +84,7 @@ class InProcessClients(Clients):
 
         Raises:
             ConfigError: the clients cannot run ``algorithm`` (:meth:`Algorithm.validate`), or a parallel executor's
-                shared memory is too small (:func:`~cosmos_pl.federated.executor.check_shared_memory`).
+                shared memory is too small (:func:`~cosmos_pl.federated.devices.check_shared_memory`).
         """
         runtime, data = view.runtime, view.data
         backbones = [client_backbone(runtime.clients.backbones, i) for i in range(federation.num_clients)]
@@ -113,7 +112,7 @@ class InProcessClients(Clients):
         shared memory must fit in ``/dev/shm``.
 
         Raises:
-            ConfigError: ``/dev/shm`` is too small (:func:`~cosmos_pl.federated.executor.check_shared_memory`).
+            ConfigError: ``/dev/shm`` is too small (:func:`~cosmos_pl.federated.devices.check_shared_memory`).
         """
         infos = self.infos
         if executor.cfg.workers_per_device == "auto" and any(d is not None for d in executor.devices):
@@ -197,6 +196,8 @@ class InProcessClients(Clients):
         initialization; a later run with the same hash loads them instead of training, with identical numbers
         (:meth:`round0_losses` then returns the losses the first run recorded). A file lock lets runs side by side
         wait for each other: it is held until :meth:`pretrained`."""
+        from cosmos_pl.objectives.local_fit import LocalFit  # Lightning: imported where training starts
+
         ids = [c.id for c in self.clients]
         self.cached_losses = None
         if cache is None:

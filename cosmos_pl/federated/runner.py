@@ -45,7 +45,6 @@ from cosmos_pl.federated.server_view import ServerView
 from cosmos_pl.federated.tasks import TaskRunner
 from cosmos_pl.models import check_backbones, create_backbone
 from cosmos_pl.models.personal import shared_weights
-from cosmos_pl.objectives.local_fit import LocalFit
 from cosmos_pl.objectives.protocol import LoadWeights, Upload
 from cosmos_pl.objectives.runtime import ClientRuntime
 from cosmos_pl.objectives.step import ClientStep
@@ -107,6 +106,7 @@ class Runner:
         self.executor = Executor(executor or ExecutorConfig(), self.trainer.accelerator)
         self.run_tasks = TaskRunner(self.executor, self.console, self.failure_cfg.timeout_s)
         self.public, self.round_seconds, self.clusters_info = self.server.public_x, {}, {}
+        planned_faults = faults.load()  # test-only (none unless $COSMOS_PL_TEST_FAULTS is set); a bad one fails here
         self.executor.keep_resident("U", self.public)  # sent to each worker once, kept there (and one GPU copy)
         self.fingerprint = public_fingerprint(self.public)
         self.last_checkpoint: Optional[Path] = None
@@ -123,7 +123,7 @@ class Runner:
         view = ServerView(self.server, self.fingerprint, self.comm, self.runtime, rounds, self.failure_cfg.timeout_s,
                           self.console, self.recorder, self.run_tasks, self.reference, self._report_losses)
         # a deployment's clients have joined and described themselves; test faults (none in normal use) wrap them
-        self.clients = faults.wrap(transport(view))
+        self.clients = faults.wrap(transport(view), planned_faults)
         infos = self.clients.infos
         self.state = RoundState(self.failure_cfg, len(infos), self.clients.fail, self.console.print)
         self.algorithm.validate([c.backbone for c in infos])
@@ -166,6 +166,8 @@ class Runner:
         """Round 0: E0 local epochs for every client (in-process: from the round-0 cache where it holds them)."""
         self.state.begin()
         self.clients.begin_round(0)
+        from cosmos_pl.objectives.local_fit import LocalFit  # Lightning: imported where training starts
+
         self.state.record(0, LocalFit.stage, self.clients.pretrain(self.client_config.pretrain_epochs, cache, key))
         cached = self.clients.round0_losses()
         if cached is not None:

@@ -29,7 +29,6 @@ from cosmos_pl.training.config import RESIDENT_ATTR
 __all__ = ["RESIDENT_ATTR", "Residents", "architecture", "pack", "unpack"]
 
 
-
 @dataclass(frozen=True)
 class Keep:
     """A resident tensor sent whole: the worker keeps it under ``name``."""

@@ -23,11 +23,12 @@ __all__ = ["NodeJoining"]
 
 
 class NodeJoining:
-    """The node bookkeeping of :class:`~cosmos_pl.flower.server.FlowerClients` (which sets the attributes it reads:
-    the view, the grid, the clients' count ``n``, the run token, the console and recorder, and the maps of nodes).
-    """
+    """The node bookkeeping of :class:`~cosmos_pl.flower.server.FlowerClients`, which sets the attributes it reads
+    (the view, the clients' count ``n``, the config and run token sent in the hello, the console and recorder, the
+    maps of nodes, ``extra_bytes`` and ``needs_public``) and provides :meth:`~cosmos_pl.flower.server.FlowerClients.send`
+    (one message per node); :meth:`join` is what the server calls."""
 
-    def _join(self, rnd: int, wait: bool, refused: Optional[dict[int, str]] = None) -> None:
+    def join(self, rnd: int, wait: bool, refused: Optional[dict[int, str]] = None) -> None:
         """Greet every node the server has not seen yet; with ``wait``, until each client has a node. A node in
         ``refused`` (node id -> reason, filled here) is not asked again.
 
@@ -56,7 +57,7 @@ class NodeJoining:
                 # a node's first message starts its ClientApp (imports, data): before round 0 it may take the whole
                 # join timeout; later (a restarted node) the reply timeout
                 timeout = max(1.0, deadline - time.monotonic()) if wait else self.reply_timeout_s
-                for node_id, reply in self._send(wire.HELLO, {node: hello for node in new}, timeout).items():
+                for node_id, reply in self.send(wire.HELLO, {node: hello for node in new}, timeout).items():
                     reason = self._greeted(rnd, node_id, reply)
                     if reason and not reason.startswith("node "):  # a refusal; a node that did not reply is asked again
                         refused[node_id] = reason
@@ -87,7 +88,7 @@ class NodeJoining:
         """Send U, in chunks of about ``chunk_bytes``, to the sites that do not have it; they keep it by its
         fingerprint. Counted as each such client's setup bytes. A site that fails to take it is asked again when
         it next joins (its client fails the round's steps meanwhile)."""
-        todo = sorted(c for c in self._needs_public if c in self.node_of and c not in self.broken)
+        todo = sorted(c for c in self.needs_public if c in self.node_of and c not in self.broken)
         if not todo:
             return
         x = self.view.public
@@ -97,14 +98,14 @@ class NodeJoining:
             config = {"public_fingerprint": self.view.fingerprint, "start": start, "rows": len(x)}
             content = {self.node_of[c]: RecordDict({"config": ConfigRecord(config), "arrays": record}) for c in todo}
             sent = wire.array_bytes(record)[0]
-            for node_id, reply in self._send(wire.PUBLIC, content).items():
+            for node_id, reply in self.send(wire.PUBLIC, content).items():
                 cid = next(c for c in todo if self.node_of[c] == node_id)
-                self._extra["setup"][cid] = self._extra["setup"].get(cid, 0) + sent
+                self.extra_bytes["setup"][cid] = self.extra_bytes["setup"].get(cid, 0) + sent
                 if isinstance(reply, TaskFailure):
                     self.console.print(f"round {rnd}: client {cid} could not take U: {reply.reason}")
                     todo.remove(cid)
                     self.node_of.pop(cid, None)  # greeted again, and sent U again, when it rejoins
-        self._needs_public -= set(todo)
+        self.needs_public -= set(todo)
 
     def _write_nodes(self) -> None:
         self.recorder.write_json("nodes.json", {"clients": {str(c): n for c, n in sorted(self.node_of.items())},
@@ -142,10 +143,10 @@ class NodeJoining:
         self.identity_of[cid] = identity
         self.broken.pop(cid, None)
         if not bool(info.get("has_public", True)):
-            self._needs_public.add(cid)
+            self.needs_public.add(cid)
         self.described[cid] = ClientInfo(cid, str(info["backbone"]), int(info["train_size"]), int(info["test_size"]),
                                          int(info["validation_size"]), int(info["parameters"]))
-        self._extra["setup"][cid] = self._extra["setup"].get(cid, 0) + len(self.config_yaml.encode())
+        self.extra_bytes["setup"][cid] = self.extra_bytes["setup"].get(cid, 0) + len(self.config_yaml.encode())
         committed, digest = int(info["committed_round"]), str(info["digest"])
         last = self.reported.get(cid)
         intact = None if last is None else last == (committed, digest)

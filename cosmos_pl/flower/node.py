@@ -80,7 +80,6 @@ def hello(content: RecordDict, context: Context) -> RecordDict:
         "parameters": run.parameters, "has_public": run.public_x is not None, "identity": identity(context)})})
 
 
-
 def public(content: RecordDict, context: Context) -> RecordDict:
     """A chunk of U from the server (a site that did not have it: ``query.public``): rows ``[start, start + k)`` of
     U ``[n, C, H, W]`` uint8. Kept on the node's disk; once the last has arrived, U is checked against its
@@ -119,8 +118,7 @@ class StepFailed(Exception):
 
 def run_steps(content: RecordDict, run: NodeRun, client: Client, rnd: int) -> dict[str, float]:
     """Run the training steps the message carries (:func:`cosmos_pl.objectives.wire.steps_to_wire`), in order, on
-    ``client.model``;
-    returns their last-epoch losses as ``{"s<j>.<name>": value}``.
+    ``client.model``; returns their last-epoch losses as ``{"s<j>.<name>": value}``.
 
     Raises:
         StepFailed: a step raised (a non-finite loss, ...); the steps after it do not run.
@@ -129,7 +127,7 @@ def run_steps(content: RecordDict, run: NodeRun, client: Client, rnd: int) -> di
     arrays = wire.record_to_tensors(content["arrays"]) if "arrays" in content else {}
     out: dict[str, float] = {}
     for j, (step, target) in enumerate(steps_from_wire(cfg, arrays)):
-        fn, kwargs = run.steps.train(client, rnd, step, target)
+        fn, kwargs = run.runtime.train(client, rnd, step, target)
         try:
             losses = fn(**kwargs)
         except Exception as err:
@@ -154,7 +152,7 @@ def pseudo_labels(content: RecordDict, context: Context) -> RecordDict:
     losses = run_steps(content, run, client, rnd)
     keep_working(context, rnd, client.model)
     top_k = int(cfg["top_k"]) if int(cfg["top_k"]) > 0 else None
-    fn, kwargs = run.steps.predict(client, rnd)
+    fn, kwargs = run.runtime.predict(client, rnd)
     payload = encode_upload(fn(**kwargs), str(cfg["kind"]), CommunicationConfig(str(cfg["dtype"]), top_k),
                             run.fingerprint)
     arrays, meta = wire.payload_to_record(payload)
@@ -207,7 +205,7 @@ def scores(content: RecordDict, context: Context) -> RecordDict:
     per_split: dict[str, dict[str, dict[str, float]]] = {}
     if bool(cfg.get("evaluate", True)):
         sent = sent_models(content, run)
-        for split, (fn, kwargs) in run.steps.evaluate(client, rnd, {"client": client.model, **sent}):
+        for split, (fn, kwargs) in run.runtime.evaluate(client, rnd, {"client": client.model, **sent}):
             per_split[split] = fn(**kwargs)
         if bool(cfg.get("final", False)):  # the personalized model the client goes on with (COSMOS: its teacher)
             for name, model in sent.items():

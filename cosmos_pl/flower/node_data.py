@@ -27,18 +27,21 @@ from cosmos_pl.uploads import public_fingerprint
 
 __all__ = ["DATA_FIELDS", "NodeRun", "Site", "SiteDataError", "clear_runs", "load_run", "partition_part", "site_part"]
 
-RUNS: dict[tuple[str, int], "NodeRun"] = {}  # per process, by (config hash, client): one run at a time
+_RUNS: dict[tuple[str, int], "NodeRun"] = {}  # per process, by (config hash, client): one run at a time
 
 
 @dataclass
 class NodeRun:
     """What a node holds for the run: the settings, its own client's data (never the other clients'), U and the
-    client steps.
+    client runtime.
 
     Attributes:
+        init: the run's parsed settings.
         data: the client's own data (training, test and validation splits).
         public_x: U, uint8 ``[n, C, H, W]``.
         num_clients, num_classes, in_chans, image_shape: the federation's N, M, C and (H, W).
+        runtime: the settings every client step reads, and the tasks it builds (the same as in-process).
+        fingerprint: U's fingerprint.
         initial_state: the client's round-0 model weights, kept in the disk cache beside its data.
     """
 
@@ -51,9 +54,8 @@ class NodeRun:
     num_classes: int
     in_chans: int
     image_shape: tuple[int, int]
-    steps: ClientRuntime
+    runtime: ClientRuntime
     fingerprint: str
-    shared_init: bool
     initial_state: Optional[dict[str, torch.Tensor]] = None  # the round-0 model's state dict (:meth:`initial_model`)
     parameters: int = 0  # the model's parameter count
 
@@ -120,10 +122,10 @@ def load_run(config_yaml: str, client_id: int, cache: Optional[Path] = None, sit
         SiteDataError: the site's data cannot be used (naming the file or class).
     """
     key = hashlib.sha256((config_yaml + (site.folder if site else "")).encode()).hexdigest()[:16]
-    if (key, client_id) in RUNS:
-        run = RUNS[key, client_id]
+    if (key, client_id) in _RUNS:
+        run = _RUNS[key, client_id]
         if run.public_x is None and site is not None:  # U may have arrived since
-            run.public_x = run.steps.public = site.public()
+            run.public_x = run.runtime.public = site.public()
         return run
     from cosmos_pl.parsers import build_fit_parser
 
@@ -143,19 +145,19 @@ def load_run(config_yaml: str, client_id: int, cache: Optional[Path] = None, sit
         part = site_part(init, client_id, site) if site is not None else partition_part(init, client_id)
     data = ClientData(**{f: part[f] for f in DATA_FIELDS}, class_counts=part["class_counts"].numpy())
     public_x = part.get("public_x") if site is None else site.public()
-    steps = ClientRuntime(init.seed, init.clients, init.transformations, init.trainer, public_x,
+    runtime = ClientRuntime(init.seed, init.clients, init.transformations, init.trainer, public_x,
                           int(part["num_classes"]))
     run = NodeRun(key, init, client_id, data, public_x, int(part["num_clients"]), int(part["num_classes"]),
-                  int(part["in_chans"]), tuple(int(v) for v in part["image_shape"]), steps,
-                  public_fingerprint(public_x) if site is None else site.fingerprint, bool(init.algorithm.shared_init))
+                  int(part["in_chans"]), tuple(int(v) for v in part["image_shape"]), runtime,
+                  public_fingerprint(public_x) if site is None else site.fingerprint)
     if "initial_state" not in part:  # the round-0 model's weights, so that a joining node need not build it
         model = run.initial_model(client_id)
         part["initial_state"], part["parameters"] = model.state_dict(), count_parameters(personal_model(model))
         if path is not None:
             atomic_save(part, path)
     run.initial_state, run.parameters = part["initial_state"], int(part["parameters"])
-    RUNS.clear()  # one run at a time per process: free the previous run's data
-    RUNS[key, client_id] = run
+    _RUNS.clear()  # one run at a time per process: free the previous run's data
+    _RUNS[key, client_id] = run
     return run
 
 
@@ -192,4 +194,4 @@ def site_part(init: Any, client_id: int, site: Site) -> dict[str, Any]:
 
 def clear_runs() -> None:
     """Forget the runs kept in this process (as a new message's process starts with none)."""
-    RUNS.clear()
+    _RUNS.clear()

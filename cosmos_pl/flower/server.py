@@ -34,7 +34,6 @@ from cosmos_pl.federated.server_view import ServerView
 from cosmos_pl.flower import wire
 from cosmos_pl.flower.joining import NodeJoining
 from cosmos_pl.flower.replies import NodeRestarted, read_reply
-from cosmos_pl.objectives.local_fit import LocalFit
 from cosmos_pl.objectives.runtime import encode_upload
 from cosmos_pl.objectives.step import ClientStep
 from cosmos_pl.objectives.wire import steps_to_wire
@@ -80,19 +79,19 @@ class FlowerClients(NodeJoining, Clients):
         self.described: dict[int, ClientInfo] = {}
         self._pending: dict[int, list] = {}  # client id -> training steps to send with its next message
         self._failed: set[int] = set()  # clients failed this round (their node rolls back at its end)
-        self._extra: dict[str, dict[int, int]] = {"evaluation": {}, "setup": {}}  # this round's bytes per client
+        self.extra_bytes: dict[str, dict[int, int]] = {"evaluation": {}, "setup": {}}  # this round's bytes per client
         self.traffic: list[dict[str, Any]] = []
         self.joins: list[dict[str, Any]] = []
         self.join_failures: list[dict[str, Any]] = []  # the nodes that refused to join: round, node id, reason
         self.broken: dict[int, str] = {}  # clients whose site's data cannot be used: why
         self.identity_of: dict[int, str] = {}  # client id -> the identity of the node that first held it
-        self._needs_public: set[int] = set()  # sites that have not got U yet
-        self._join(0, wait=True)
+        self.needs_public: set[int] = set()  # sites that have not got U yet
+        self.join(0, wait=True)
         self.infos = [self.described[i] for i in range(self.n)]
 
     # ----------------------------------------------------------------- messages
-    def _send(self, message_type: str, contents: dict[int, RecordDict],
-              timeout: Optional[float] = None) -> dict[int, Any]:
+    def send(self, message_type: str, contents: dict[int, RecordDict],
+             timeout: Optional[float] = None) -> dict[int, Any]:
         """One message per node; ``{node id: reply content or TaskFailure}`` (``timeout``: default ``reply_timeout_s``)."""
         nodes = list(contents)
         messages = [Message(contents[n], dst_node_id=n, message_type=message_type) for n in nodes]
@@ -145,7 +144,7 @@ class FlowerClients(NodeJoining, Clients):
                 content[name] = record
             node_id = self.node_of[cid]
             contents[node_id], by_node[node_id], carried[cid] = content, cid, (steps, records)
-        for node_id, reply in self._send(message_type, contents).items():
+        for node_id, reply in self.send(message_type, contents).items():
             cid = by_node[node_id]
             steps, records = carried[cid]
             failed = isinstance(reply, TaskFailure)
@@ -164,7 +163,7 @@ class FlowerClients(NodeJoining, Clients):
             sent = {k: wire.array_bytes(r) for k, r in records.items()}
             protocol = [b for k, b in sent.items() if not k.startswith("eval.")]
             evaluation = sum(b[0] for k, b in sent.items() if k.startswith("eval."))
-            self._extra["evaluation"][cid] = self._extra["evaluation"].get(cid, 0) + evaluation
+            self.extra_bytes["evaluation"][cid] = self.extra_bytes["evaluation"].get(cid, 0) + evaluation
             received = [] if failed else [wire.array_bytes(reply[k]) for k in ("arrays",) if k in reply]
             self.traffic.append({
                 "round": rnd, "client": cid, "message": message_type,
@@ -192,10 +191,10 @@ class FlowerClients(NodeJoining, Clients):
     # ----------------------------------------------------------------- the interface
     def begin_round(self, rnd: int) -> None:
         self._failed = set()
-        self._extra = {"evaluation": {}, "setup": dict(self._extra["setup"]) if rnd == 0 else {}}
+        self.extra_bytes = {"evaluation": {}, "setup": dict(self.extra_bytes["setup"]) if rnd == 0 else {}}
         if rnd > 0:
             refused: dict[int, str] = {}  # asked once per round start: a hello starts a ClientApp on the node
-            self._join(rnd, wait=False, refused=refused)  # nodes restarted since the last round rejoin here
+            self.join(rnd, wait=False, refused=refused)  # nodes restarted since the last round rejoin here
             deadline = time.monotonic() + self.rejoin_timeout_s
             if len(self.node_of) < self.n and self.rejoin_timeout_s > 0:
                 missing = sorted(set(range(self.n)) - set(self.node_of))
@@ -204,7 +203,7 @@ class FlowerClients(NodeJoining, Clients):
                                    f"{', '.join(map(str, missing))}")
             while len(self.node_of) < self.n and time.monotonic() < deadline:
                 time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-                self._join(rnd, wait=False, refused=refused)
+                self.join(rnd, wait=False, refused=refused)
 
     def train(self, rnd: int, step: ClientStep, ids: list[int], targets: dict[int, Any]) -> dict[int, Any]:
         """Queue the step for each client: it travels with the client's next message, which replies its losses
@@ -215,6 +214,8 @@ class FlowerClients(NodeJoining, Clients):
 
     def pretrain(self, epochs: int, cache: Any = None, key: str = "") -> dict[int, Any]:
         """Round 0 on the nodes (no round-0 cache: the models are theirs)."""
+        from cosmos_pl.objectives.local_fit import LocalFit  # Lightning: the server trains teachers later anyway
+
         return self.train(0, LocalFit(epochs), list(range(self.n)), {}) if epochs > 0 else {}
 
     def upload(self, rnd: int, kind: str, ids: list[int]) -> dict[int, Any]:
@@ -295,7 +296,7 @@ class FlowerClients(NodeJoining, Clients):
         return scores, failures
 
     def bytes(self, rnd: int) -> dict[str, int]:
-        return {kind: max(per.values(), default=0) for kind, per in self._extra.items()}
+        return {kind: max(per.values(), default=0) for kind, per in self.extra_bytes.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Raises ConfigError: a run over Flower is not resumed (its client models live on the nodes)."""

@@ -19,11 +19,11 @@ message type             server -> node                                         
                          tensors, e.g. COSMOS's cluster teacher h_pi(i))
 =======================  ==========================================================  ==============================
 
-A client's training steps (LocalFit, Distill, JointFit, UnionFit, ProxFit, FineTune, StartGlobal, with the target the server sent for it, each encoded
-by its own class: :func:`cosmos_pl.objectives.wire.steps_to_wire`) need no reply of their own: they ride on the
-client's next message, which runs them first and replies their last-epoch losses. A round is then two messages per
-client (e.g. COSMOS's IFFT: local fit + pseudo-labels; distillation + scores), which matters where every message
-starts a ClientApp process (Flower 1.42). The models sent to be scored are counted apart from the protocol's bytes
+A client's training steps (LocalFit, Distill, JointFit, UnionFit, ProxFit, FineTune, StartGlobal, with the target
+the server sent for it, each encoded by its own class: :func:`cosmos_pl.objectives.wire.steps_to_wire`) need no reply
+of their own: they ride on the client's next message, which runs them first and replies their last-epoch losses. A
+round is then two messages per client (e.g. COSMOS's IFFT: local fit + pseudo-labels; distillation + scores), which
+matters where every message starts a ClientApp process (Flower 1.42). The models sent to be scored are counted apart from the protocol's bytes
 (``evaluation`` in traffic.csv and summary.json), so the protocol's bytes stay pseudo-labels only.
 
 Arrays travel as ``ArrayRecord`` (numpy's format, no pickle); settings as ``ConfigRecord``; numbers back as
@@ -47,7 +47,6 @@ __all__ = ["HELLO", "PUBLIC", "PSEUDO_LABELS", "WEIGHTS", "LOAD_WEIGHTS", "SCORE
 
 HELLO, PUBLIC, PSEUDO_LABELS = "query.hello", "query.public", "query.pseudo_labels"
 WEIGHTS, LOAD_WEIGHTS, SCORES = "query.weights", "train.load_weights", "evaluate.scores"
-
 
 
 def tensors_to_record(tensors: dict[str, torch.Tensor]) -> ArrayRecord:
@@ -123,4 +122,3 @@ def unpack_scores(metrics: Any) -> dict[str, dict[str, dict[str, float]]]:
         split, name, metric = key.split(".")
         out.setdefault(split, {}).setdefault(name, {})[metric] = float(value)
     return out
-

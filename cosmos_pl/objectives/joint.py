@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from cosmos_pl.objectives.runtime import ClientRuntime
     from cosmos_pl.training.client import Client
 
-__all__ = ["JointFit", "JointModule", "fit_joint", "joint_loss"]
+__all__ = ["JointBatches", "JointFit", "JointModule", "PairedBatches", "fit_joint", "joint_loss"]
 
 
 def joint_loss(local_logits: torch.Tensor, y: torch.Tensor, public_logits: torch.Tensor, targets: torch.Tensor,

@@ -1,6 +1,6 @@
 """Local training: cross-entropy on a client's own labelled data D_i (COSMOS paper, Section 4.1 Step 1 and 4.2
-Step 1; every algorithm's round 0, FedMD's revisit, COMET's sequential local step, Ditto's and FedBABU's global
-update).
+Step 1; every algorithm's round 0, COSMOS's IFFT local fine-tune, local-only, FedMD's revisit, COMET's sequential
+local step, FedAvg's local update, Ditto's and FedBABU's global update).
 
 The step :class:`LocalFit`, its LightningModule :class:`SupervisedModule` and its stage :func:`fit_supervised`
 (also the stage of FedCT's co-training and FedBABU's fine-tuning).

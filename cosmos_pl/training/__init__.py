@@ -1,7 +1,7 @@
 """The generic training engine on one machine: what runs any objective, and nothing of any one objective.
 
-- :mod:`cosmos_pl.training.config`: :class:`TrainerConfig`, the device it resolves to, each stage's seed;
-- :mod:`cosmos_pl.training.module`: :class:`CosmosModule`, the base LightningModule (uint8 batches in, the loss
+- :mod:`cosmos_pl.training.config`: :class:`~cosmos_pl.training.config.TrainerConfig`, the device it resolves to, each stage's seed;
+- :mod:`cosmos_pl.training.module`: :class:`~cosmos_pl.training.module.CosmosModule`, the base LightningModule (uint8 batches in, the loss
   checked finite every step), and the default optimizer;
 - :mod:`cosmos_pl.training.engine`: one Lightning Trainer per stage, the loaders, the GPU copies of resident data;
 - :mod:`cosmos_pl.training.checks`: the non-finite and out-of-memory checks and their messages;

@@ -15,7 +15,7 @@ import torch
 
 from cosmos_pl.errors import check
 
-__all__ = ["RESIDENT_ATTR", "TrainerConfig", "apply_determinism", "resolve_device", "stage_seed"]
+__all__ = ["RESIDENT_ATTR", "STAGE_IDS", "TrainerConfig", "apply_determinism", "resolve_device", "stage_seed"]
 
 #: The attribute naming a resident tensor (one the executor sends to each worker once; a stage keeps one GPU copy of
 #: it per process), the same in the main process and in the workers.

@@ -82,6 +82,7 @@ def loader(tensors: tuple[torch.Tensor, ...], batch_size: int, shuffle: bool) ->
 # copying the data to the GPU again. The weak reference checks that the copy is of this very tensor.
 _DEVICE_COPIES: dict[tuple[str, str], tuple[weakref.ref, torch.Tensor]] = {}
 
+
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on ``device``; a resident tensor's copy is made once per process and device, then reused."""
     name = getattr(t, RESIDENT_ATTR, None)

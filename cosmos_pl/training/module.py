@@ -17,6 +17,8 @@ from torch import nn
 from cosmos_pl.errors import DivergenceError
 from cosmos_pl.transforms import Transformations, prepare
 
+__all__ = ["LARGE_LAMBDA", "CosmosModule", "OptimizerFactory", "default_optimizer"]
+
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 
 

@@ -34,7 +34,7 @@ class NpzData(ImageDataset):
 
         Raises:
             FileNotFoundError: the file does not exist.
-            DataError: a required array is missing, or the arrays fail :func:`check_image_data` (shapes,
+            DataError: a required array is missing, or the arrays fail :func:`~cosmos_pl.data.datasets.base.check_image_data` (shapes,
                 dtypes, label range), naming the file and the array.
         """
         if not Path(self.path).is_file():
