@@ -36,6 +36,7 @@ from cosmos_pl.federated.evaluation import (round_line, round_rows, structure_co
 from cosmos_pl.federated.executor import Executor, ExecutorConfig, TaskFailure
 from cosmos_pl.federated.failures import FailureConfig, RoundFailed
 from cosmos_pl.federated.in_process import InProcessClients
+from cosmos_pl.federated.initial_models import seeded_backbone
 from cosmos_pl.federated.received import accept_uploads
 from cosmos_pl.federated.recorder import Recorder
 from cosmos_pl.federated.round_state import RoundState
@@ -43,7 +44,7 @@ from cosmos_pl.federated.sampling import sampled_clients
 from cosmos_pl.federated.server_data import ServerData
 from cosmos_pl.federated.server_view import ServerView
 from cosmos_pl.federated.tasks import TaskRunner
-from cosmos_pl.models import check_backbones, create_backbone
+from cosmos_pl.models import check_backbones
 from cosmos_pl.models.personal import shared_weights
 from cosmos_pl.objectives.protocol import LoadWeights, Upload
 from cosmos_pl.objectives.runtime import ClientRuntime
@@ -147,12 +148,9 @@ class Runner:
                        for n in names)
 
     def make_backbone(self, name: str, seed: int) -> nn.Module:
-        """A Kaiming-initialized backbone for the server's images, created under ``torch.manual_seed(seed)``; its
-        ``backbone_name`` says which (a node rebuilds a model it is sent to score from it)."""
-        torch.manual_seed(seed)
-        model = create_backbone(name, self.server.num_classes, self.server.in_chans, max(self.server.image_shape))
-        model.backbone_name = name
-        return model
+        """A Kaiming-initialized backbone for the server's images, created under ``torch.manual_seed(seed)``
+        (:func:`~cosmos_pl.federated.initial_models.seeded_backbone`)."""
+        return seeded_backbone(name, seed, self.server.num_classes, self.server.in_chans, self.server.image_shape)
 
     def reference(self, client: int) -> dict[str, torch.Tensor]:
         """The float tensors a client's weights must match: the server's own copy of its reported architecture (its
