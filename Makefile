@@ -7,7 +7,7 @@ PY      := $(VENV)/bin/python
 FMNIST  := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test venv data clean
+.PHONY: demo test deploy-demo venv data clean
 
 venv: $(VENV)/.installed
 
@@ -51,6 +51,11 @@ demo: venv data
 
 test: $(VENV)/.installed-test data
 	$(PY) -m pytest -n auto
+
+# A Flower deployment on localhost (TLS, SuperNode authentication, 3 sites each with only its own folder), two rounds
+# of COSMOS, then everything it started is stopped: cosmos_pl/flower/localhost.py
+deploy-demo: $(VENV)/.installed-test data
+	$(PY) -m cosmos_pl.flower.localhost --out runs/deploy-demo
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -2,7 +2,10 @@
 
 What is checked by hand: byte counts of the arrays on the wire, the round trip of every client step and upload,
 a node's refusal of a wrong partition, a public set or an unknown node config key, the roll-back of a failed client,
-and a restarted node (a fresh Context, as after a crash) continuing from the model it committed on disk. The
+and a restarted node (a fresh Context, as after a crash) continuing from the model it committed on disk. What a node
+checks of the server: a deployment's node without its own data, a missing or unreadable data folder, a run token or
+fingerprint that would steer a path, a teacher whose tensors do not fit; its data cache keyed by the site's contents
+(the folder digest worked out by hand); a hostile node's test faults (a corrupted upload, a malformed hello). The
 server's join (FlowerClients) runs against these handlers with a stand-in for the grid: how long it waits, why
 it stops, and the refusals it records; the ServerApp's one-line refusal of a bad setting.
 """
@@ -82,10 +85,12 @@ def run_yaml():
     return parser.dump(cfg, skip_unset=False)
 
 
-def _hello(run_yaml, context, fingerprint=None, token="run-a"):
+def _hello(run_yaml, context, fingerprint=None, token="a0", mode="simulation", **extra):
+    """The server's hello (as joining.py sends it) to ``context``'s node, answered by node.hello."""
     run = node_data.load_run(run_yaml, 0)
     return node.hello(RecordDict({"config": ConfigRecord({
-        "config_yaml": run_yaml, "public_fingerprint": fingerprint or run.fingerprint, "run_token": token})}), context)
+        "config_yaml": run_yaml, "public_fingerprint": fingerprint or run.fingerprint, "run_token": token,
+        "mode": mode, **extra})}), context)
 
 
 def _msg(rnd, steps=(), **config):
@@ -137,7 +142,7 @@ def test_failed_round_rolls_back_and_a_restarted_node_continues_from_disk(run_ya
     reply = node.scores(_msg(0, [(LocalFit(1), None)], failed=False), ctx)
     round0 = reply["config"]["digest"]
     assert round0 != initial and set(reply["losses"]) == {"s0.loss"} and reply["losses"]["s0.loss"] > 0
-    saved = torch.load(tmp_path / "run-a" / "client_1.pt", weights_only=True)
+    saved = torch.load(tmp_path / "a0" / "client_1.pt", weights_only=True)
     assert saved["round"] == 0 and saved["digest"] == round0
 
     # round 1: it trains before uploading, then the server says it failed the round: back to its round-0 model
@@ -161,7 +166,7 @@ def test_failed_round_rolls_back_and_a_restarted_node_continues_from_disk(run_ya
     assert wire.array_bytes(up["arrays"])[0] == 269 * 10 * 2
 
     # another run (a new token) on the same node and disk starts from the round-0 model, not this run's
-    other = _hello(run_yaml, _context(tmp_path, 1), token="run-b")["config"]
+    other = _hello(run_yaml, _context(tmp_path, 1), token="b0")["config"]
     assert other["committed_round"] == -1 and other["digest"] == initial
 
 
@@ -260,8 +265,9 @@ def test_join_waits_the_whole_timeout_for_a_missing_node_and_says_so(run_yaml, t
 
 
 @pytest.mark.parametrize("run_config, error", [
-    ({"config": str(CONFIG), "args": "--bogus 1"}, "unrecognized arguments: --bogus 1 (run config 'config' and 'args' "
-                                                    "are cosmos-pl fit's; options: cosmos-pl fit --help)"),
+    ({"config": str(CONFIG), "args": "--bogus 1", "simulation": True},
+     "unrecognized arguments: --bogus 1 (run config 'config' and 'args' are cosmos-pl fit's; options: cosmos-pl fit "
+     "--help)"),
     ({"args": "--seed 1"}, "run config 'config' is empty: give a YAML config, e.g. flwr run . --run-config "
                            "\"config='configs/digits_flower.yaml'\""),
 ])
@@ -331,3 +337,290 @@ def test_a_node_restarted_under_its_old_id_is_read_as_a_node_that_left(tmp_path)
     reply = read_reply(respond(HANDLERS["query.pseudo_labels"], content, _context(tmp_path, 2)))
     assert isinstance(reply, NodeRestarted) and reply.step is None
     assert reply.reason.startswith("NotSetUp: this node has not been set up for the run (no query.hello received")
+
+
+# --------------------------------------------------------------------------- what a node checks of the server
+@pytest.fixture(scope="module")
+def site_root(run_yaml, tmp_path_factory):
+    """The federation of ``run_yaml`` exported as site folders (client_<i>/data.npz, public.npz), the hello's site
+    fields (classes, public_shape) and U's fingerprint."""
+    from cosmos_pl.data.sites import export_federation
+    from cosmos_pl.uploads import public_fingerprint
+
+    parser = build_fit_parser()
+    init = parser.instantiate(parser.parse_string(run_yaml))
+    _, fed = init.data.build(init.seed)
+    root = tmp_path_factory.mktemp("sites")
+    export_federation(fed, root)
+    return root, {"classes": list(fed.classes), "public_shape": [int(v) for v in fed.public_x.shape]}, \
+        public_fingerprint(fed.public_x)
+
+
+def _site_context(state_dir: Path, partition: int, folder) -> Context:
+    return Context(run_id=1, node_id=100 + partition, node_config={"partition-id": partition, "data": str(folder),
+                                                                   "threads": 1},
+                   state=RecordDict(), run_config={"node-state-dir": str(state_dir)})
+
+
+_NO_DATA = ("node config has no data=<folder>: in a deployment each site serves its own data (flower-supernode "
+            "--node-config \"partition-id=0 data='/srv/site_0'\"); this node would build the whole federation from "
+            "the data set the run config names, so it refuses to join")
+
+
+def test_a_deployment_node_without_its_own_data_refuses_to_join(run_yaml, tmp_path, monkeypatch):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the node built the federation")
+
+    monkeypatch.setattr(node, "load_run", no_loading)  # refused before any data are read
+    with pytest.raises(ConfigError) as err:
+        node.hello(RecordDict({"config": ConfigRecord({"config_yaml": run_yaml, "public_fingerprint": "ab" * 8,
+                                                       "run_token": "a0", "mode": "deployment"})}),
+                   _context(tmp_path, 0))
+    assert str(err.value) == _NO_DATA
+    with pytest.raises(ConfigError, match=r"the server sent mode='swarm': expected one of deployment, simulation"):
+        node.hello(RecordDict({"config": ConfigRecord({"config_yaml": run_yaml, "public_fingerprint": "ab" * 8,
+                                                       "run_token": "a0", "mode": "swarm"})}), _context(tmp_path, 0))
+
+
+def test_the_hello_reply_says_where_the_nodes_data_come_from(run_yaml, site_root, tmp_path):
+    root, site_config, fingerprint = site_root
+    partition = _hello(run_yaml, _context(tmp_path / "p", 0))["config"]
+    assert partition["data_mode"] == "partition" and partition["has_public"] is True
+    site = _hello(run_yaml, _site_context(tmp_path / "s", 0, root / "client_0"), mode="deployment",
+                  fingerprint=fingerprint, **site_config)["config"]
+    # its own folder, and no U yet (the server sends it after the hello)
+    assert site["data_mode"] == "site" and site["has_public"] is False and site["client_id"] == 0
+    assert site["public_fingerprint"] == fingerprint
+
+
+def test_a_data_folder_that_is_not_there_or_not_readable_refuses_the_join(run_yaml, site_root, tmp_path, monkeypatch):
+    _, site_config, fingerprint = site_root
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("load_run was reached: a refused join reads no data")
+
+    monkeypatch.setattr(node, "load_run", no_loading)
+    hello = functools.partial(_hello, run_yaml, mode="deployment", fingerprint=fingerprint, **site_config)
+    missing = tmp_path / "site_9"
+    with pytest.raises(ConfigError) as err:
+        hello(_site_context(tmp_path, 0, missing))
+    assert str(err.value) == (f"node config data='{missing}': no such folder (give the folder cosmos-pl "
+                              "export-partition wrote for this site)")
+    a_file = tmp_path / "data.npz"
+    a_file.write_bytes(b"x")
+    with pytest.raises(ConfigError, match=r"node config data='.*data\.npz': is not a folder"):
+        hello(_site_context(tmp_path, 0, a_file))
+    folder = tmp_path / "site_0"
+    folder.mkdir()
+    monkeypatch.setattr(node_state.os, "access", lambda path, mode: False)  # (the tests may run as root)
+    with pytest.raises(ConfigError) as err:
+        hello(_site_context(tmp_path, 0, folder))
+    assert str(err.value).startswith(f"node config data='{folder}': is not readable by this node's user (")
+
+
+def test_a_run_token_or_fingerprint_that_is_not_hex_is_refused_before_it_becomes_a_path(run_yaml, tmp_path):
+    from cosmos_pl.flower.client_app import HANDLERS, respond
+
+    with pytest.raises(ValueError) as err:
+        _hello(run_yaml, _context(tmp_path, 0), token="../../etc")
+    assert str(err.value) == ("the server sent run_token='../../etc': not a hex string of at most 64 digits; refusing "
+                              "it (it would become part of a path on this node)")
+    content = RecordDict({"config": ConfigRecord({"config_yaml": run_yaml, "public_fingerprint": "ab", "mode":
+                                                  "simulation", "run_token": "A0"})})  # upper case: not ours
+    reply = respond(HANDLERS["query.hello"], content, _context(tmp_path, 0))  # a refused join: an error reply
+    assert dict(reply["error"]) == {"type": "ValueError", "reason": "ValueError: the server sent run_token='A0': not a "
+                                    "hex string of at most 64 digits; refusing it (it would become part of a path "
+                                    "on this node)"}
+    assert node_state.checked_hex("t", "0123456789abcdef" * 4) == "0123456789abcdef" * 4  # 64 digits pass
+    with pytest.raises(ValueError, match="not a hex string of at most 64 digits"):
+        node_state.checked_hex("t", "a" * 65)
+    with pytest.raises(ValueError, match=r"public_fingerprint='x/y': not a hex string"):
+        node.public(RecordDict({"config": ConfigRecord({"public_fingerprint": "x/y", "start": 0, "rows": 2}),
+                                "arrays": wire.tensors_to_record({"x": torch.zeros(2, 1, 8, 8, dtype=torch.uint8)})}),
+                    _context(tmp_path, 0))
+    with pytest.raises(ValueError, match=r"public_fingerprint='\.\./u': not a hex string"):
+        node_data.Site("/srv/site_0", ("a",), (1, 1, 8, 8), "../u", tmp_path / "public")
+    assert not (tmp_path / "public").exists() and not list(tmp_path.parent.glob("etc"))  # nothing written
+
+
+def _digest_by_hand(files: dict[str, bytes]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        h.update(f"{rel}\0{hashlib.sha256(files[rel]).hexdigest()}\n".encode())
+    return h.hexdigest()
+
+
+def test_folder_digest_is_sha256_over_relative_paths_and_file_hashes(tmp_path):
+    import hashlib
+
+    folder = tmp_path / "site"
+    files = {"train/7/img_1.png": b"\x89PNG one", "train/3/img_0.png": b"\x89PNG zero", "data.npz": b"PK\x03\x04"}
+    for rel, data in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+    # by hand: data.npz, train/3/img_0.png, train/7/img_1.png in that order
+    npz, zero, one = (hashlib.sha256(b).hexdigest() for b in (b"PK\x03\x04", b"\x89PNG zero", b"\x89PNG one"))
+    h = hashlib.sha256()
+    h.update(f"data.npz\0{npz}\n".encode())
+    h.update(f"train/3/img_0.png\0{zero}\n".encode())
+    h.update(f"train/7/img_1.png\0{one}\n".encode())
+    assert node_data.folder_digest(folder) == h.hexdigest() == _digest_by_hand(files)
+
+
+def test_folder_digest_reads_a_file_again_only_when_its_size_or_mtime_changed(tmp_path):
+    import hashlib
+    import os
+
+    folder, index = tmp_path / "site", tmp_path / "cache" / "file_digests.json"
+    folder.mkdir()
+    path = folder / "data.npz"
+    path.write_bytes(b"abcd")
+    old = time.time_ns() - 60 * 10**9  # a minute ago: not "racy"
+    os.utime(path, ns=(old, old))
+    assert node_data.folder_digest(folder, index) == _digest_by_hand({"data.npz": b"abcd"})
+    entry = [4, old, hashlib.sha256(b"abcd").hexdigest()]
+    assert json.loads(index.read_text()) == {str(path): entry}
+    # an unchanged size and mtime: the index is believed (here a made-up digest, to show the file is not read)
+    index.write_text(json.dumps({str(path): [4, old, "0" * 64]}))
+    made_up = hashlib.sha256(f"data.npz\0{'0' * 64}\n".encode()).hexdigest()
+    assert node_data.folder_digest(folder, index) == made_up
+    # the same size, another mtime: read again
+    path.write_bytes(b"abce")
+    os.utime(path, ns=(old + 10**9, old + 10**9))  # a second later (any file system's timestamps tell them apart)
+    assert node_data.folder_digest(folder, index) == _digest_by_hand({"data.npz": b"abce"})
+    assert json.loads(index.read_text()) == {str(path): [4, old + 10**9, hashlib.sha256(b"abce").hexdigest()]}
+    # a file changed a moment ago is read every time, not indexed (its next change may keep its mtime)
+    path.write_bytes(b"abcf")
+    assert node_data.folder_digest(folder, index) == _digest_by_hand({"data.npz": b"abcf"})
+    assert json.loads(index.read_text()) == {}
+
+
+def test_the_data_cache_key_follows_the_sites_contents_and_the_servers_class_list(tmp_path):
+    folder = tmp_path / "site"
+    (folder / "train" / "cat").mkdir(parents=True)
+    image = folder / "train" / "cat" / "0.png"
+    image.write_bytes(b"1234")
+    cache = tmp_path / "data"
+
+    def key(classes=("cat", "dog"), shape=(269, 1, 8, 8)):
+        return node_data.data_key("seed: 0\n", node_data.Site(str(folder), classes, shape, "ab", tmp_path), cache)
+
+    first = key()
+    assert key() == first  # nothing changed
+    image.write_bytes(b"1235")  # the same size, other contents
+    changed = key()
+    assert changed != first
+    image.write_bytes(b"1234")  # back as it was: the same data, the same key
+    assert key() == first
+    assert key(classes=("dog", "cat")) != first and key(classes=("cat", "dog", "emu")) != first
+    assert key(shape=(269, 3, 8, 8)) != first
+    # partition-id mode: the config text alone, as before
+    import hashlib
+
+    assert node_data.data_key("seed: 0\n") == hashlib.sha256(b"seed: 0\n").hexdigest()[:16]
+
+
+def test_a_site_whose_data_changed_gets_a_fresh_build(run_yaml, site_root, tmp_path):
+    import shutil
+
+    import numpy as np
+
+    root, site_config, fingerprint = site_root
+    folder = tmp_path / "client_0"
+    shutil.copytree(root / "client_0", folder)
+    hello = functools.partial(_hello, run_yaml, mode="deployment", fingerprint=fingerprint, **site_config)
+    before = hello(_site_context(tmp_path / "node", 0, folder))["config"]
+    with np.load(folder / "data.npz") as z:
+        arrays = dict(z)
+    n = len(arrays["y_train"])
+    np.savez(folder / "data.npz", **{**arrays, "x_train": arrays["x_train"][: n - 10],
+                                     "y_train": arrays["y_train"][: n - 10]})
+    node_data.clear_runs()  # a new message's process
+    after = hello(_site_context(tmp_path / "node", 0, folder))["config"]
+    # 10 fewer training samples, less the validation split carved from them
+    assert after["train_size"] < before["train_size"]
+    assert len(list((tmp_path / "node" / "data").glob("*/client_0.pt"))) == 2  # two builds, two keys
+
+
+def _teacher_content(backbone, state):
+    return RecordDict({"config": ConfigRecord({"eval": "teacher", "eval.teacher.backbone": backbone}),
+                       "eval.teacher": wire.tensors_to_record(state)})
+
+
+def test_a_teacher_is_loaded_only_with_exactly_the_models_float_tensors(run_yaml):
+    from cosmos_pl.models import create_backbone
+
+    run = node_data.load_run(run_yaml, 0)
+    backbone = run.backbone(0)
+    torch.manual_seed(7)
+    teacher = create_backbone(backbone, run.num_classes, run.in_chans, max(run.image_shape))
+    floats = {k: v.detach().clone() + 0.5 for k, v in teacher.state_dict().items() if v.is_floating_point()}
+    others = sorted(k for k, v in teacher.state_dict().items() if not v.is_floating_point())
+    assert others and all(k.endswith("num_batches_tracked") for k in others)  # BatchNorm's, not sent
+
+    loaded = node.sent_models(_teacher_content(backbone, floats), run)["teacher"].state_dict()
+    assert all(torch.equal(loaded[k], floats[k]) for k in floats)
+
+    name = sorted(floats)[0]
+    missing = {k: v for k, v in floats.items() if k != name}
+    with pytest.raises(ValueError) as err:
+        node.sent_models(_teacher_content(backbone, missing), run)
+    assert str(err.value) == (f"eval.teacher: the server sent tensors that do not fit its architecture {backbone} for "
+                              f"this run: 1 missing ({name}); not scoring it (a server of another cosmos-pl version?)")
+    with pytest.raises(ValueError, match=r"eval\.teacher: .*: 1 unexpected \(extra\.weight\); not scoring"):
+        node.sent_models(_teacher_content(backbone, {**floats, "extra.weight": torch.zeros(3)}), run)
+    shape = tuple(floats[name].shape)
+    wrong = {**floats, name: torch.zeros(shape[0] + 1, *shape[1:])}
+    with pytest.raises(ValueError) as err:
+        node.sent_models(_teacher_content(backbone, wrong), run)
+    assert str(err.value).endswith(f"1 of another shape ({name} {(shape[0] + 1, *shape[1:])} (the model's {shape})); "
+                                   "not scoring it (a server of another cosmos-pl version?)")
+
+
+# --------------------------------------------------------------------------- a hostile node (test faults)
+@pytest.mark.parametrize("kind", ["negative", "shape", "fingerprint"])
+def test_a_node_with_an_upload_fault_sends_corrupted_pseudo_labels(run_yaml, tmp_path, monkeypatch, kind):
+    from cosmos_pl.federated import faults
+
+    ctx = _context(tmp_path, 2)
+    fingerprint = _hello(run_yaml, ctx)["config"]["public_fingerprint"]
+    reply = node.pseudo_labels(_upload(1, fingerprint), ctx)
+    clean = wire.record_to_payload(reply["arrays"], reply["config"])
+    monkeypatch.setenv(faults.ENV, json.dumps([{"round": 1, "client": 2, "step": "upload", "kind": kind}]))
+    reply = node.pseudo_labels(_upload(1, fingerprint), ctx)
+    sent = wire.record_to_payload(reply["arrays"], reply["config"])
+    expected = faults.corrupt(clean, kind)
+    assert torch.equal(sent.values, expected.values) and sent.public_fingerprint == expected.public_fingerprint
+    if kind == "negative":  # row 0, class 0 set to -0.5; every other value as the clean upload's
+        assert sent.values[0, 0].item() == -0.5 and torch.equal(sent.values[1:], clean.values[1:])
+    elif kind == "shape":  # the first of U's 269 rows left out
+        assert tuple(sent.values.shape) == (268, 10) and torch.equal(sent.values, clean.values[1:])
+    else:
+        assert sent.public_fingerprint == "0" * 16 != fingerprint and torch.equal(sent.values, clean.values)
+    other_round = node.pseudo_labels(_upload(2, fingerprint), ctx)  # planned for round 1 only
+    assert torch.equal(wire.record_to_payload(other_round["arrays"], other_round["config"]).values, clean.values)
+
+
+def test_a_node_with_a_hello_fault_replies_a_malformed_hello_and_does_no_work(run_yaml, tmp_path, monkeypatch):
+    from cosmos_pl.federated import faults
+
+    monkeypatch.setenv(faults.ENV, json.dumps([{"client": 3, "step": "hello", "kind": "malformed"}]))  # no round
+    assert faults.load() == [faults.Fault(-1, 3, "hello", "malformed")]
+    reply = _hello(run_yaml, _context(tmp_path / "n3", 3))
+    cfg = dict(reply["config"])
+    assert set(cfg) == {"client_id", "train_size", "parameters", "backbone"}  # no digest, no data_mode
+    assert cfg["client_id"] == "one" and cfg["train_size"] == -5 and cfg["backbone"] == 7
+    assert cfg["parameters"] != cfg["parameters"]  # NaN
+    assert not (tmp_path / "n3").exists()  # no data, no identity: it did nothing
+    assert _hello(run_yaml, _context(tmp_path / "n2", 2))["config"]["client_id"] == 2  # another client: as usual
+
+    from cosmos_pl.flower.validate import HelloExpected, MalformedReply, hello as check_hello
+
+    expected = HelloExpected(6, 2, "ab" * 8, lambda cid: "test_efficientnet", "partition")
+    with pytest.raises(MalformedReply, match="client_id"):
+        check_hello(reply, expected)
+    monkeypatch.setenv(faults.ENV, json.dumps([{"client": 3, "step": "hello", "kind": "mangled"}]))
+    with pytest.raises(ValueError, match="unknown fault kind 'mangled'"):
+        faults.load()

@@ -65,7 +65,7 @@ def _deploy(run_dir, public, contexts, *flags):
     """cosmos-pl fit's path with the server's data from ``public`` and the clients on ``contexts``' nodes."""
     parser = build_fit_parser()
     cfg = parser.parse_args(["--config", str(CONFIG), *FLAGS, "--run_dir", str(run_dir), *flags])
-    transport = functools.partial(_LocalFlowerClients, grid=_Nodes(contexts))
+    transport = functools.partial(_LocalFlowerClients, grid=_Nodes(contexts), mode="deployment")
     return run_fit(cfg, parser, transport, ServerData(*load_public(public)))
 
 
@@ -181,7 +181,7 @@ def test_the_server_side_holds_no_client_tensor_after_a_round(exported, tmp_path
     init = parser.instantiate(parser.parse_args(["--config", str(CONFIG), *FLAGS, "--clients.pretrain_epochs", "1",
                                                  "--algorithm.init_args.ptc_epochs", "1"]))
     contexts = {100 + i: _site(100 + i, exported / f"client_{i}", tmp_path / f"node_{i}", i) for i in range(3)}
-    transport = functools.partial(_LocalFlowerClients, grid=_Nodes(contexts), config_yaml=parser.dump(
+    transport = functools.partial(_LocalFlowerClients, grid=_Nodes(contexts), mode="deployment", config_yaml=parser.dump(
         parser.parse_args(["--config", str(CONFIG), *FLAGS, "--clients.pretrain_epochs", "1",
                            "--algorithm.init_args.ptc_epochs", "1"]), skip_unset=False), num_clients=3)
     runner = Runner(ServerData(*load_public(exported / "public.npz")), init.algorithm, init.clients, rounds=1,

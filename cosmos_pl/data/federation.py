@@ -23,6 +23,7 @@ import torch
 from cosmos_pl.errors import ConfigError, DataError
 
 from .datasets import ImageData
+from .guard import check_client_data_allowed
 from .partition import MIN_TRAIN_SAMPLES, Partition, Partitioner
 
 __all__ = ["ClientData", "Federation", "build_federation", "validation_split", "MIN_TRAIN_SAMPLES", "VALIDATION_STREAM"]
@@ -58,6 +59,9 @@ class ClientData:
     class_counts: np.ndarray
     x_val: torch.Tensor | None = None
     y_val: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        check_client_data_allowed("a client's data (ClientData)")
 
 
 @dataclass

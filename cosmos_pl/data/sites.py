@@ -27,6 +27,7 @@ from cosmos_pl.errors import DataError
 
 from .datasets import ImageDataset
 from .datasets.folders import check_class_folders, decode_images
+from .guard import check_client_data_allowed
 from .federation import VALIDATION_STREAM, ClientData, Federation, validation_split
 from .partition import Partition
 
@@ -117,6 +118,7 @@ def load_site(folder: str | Path, classes: list[str], image_shape: tuple[int, in
             be decoded, labels that are not class indices; each names the file or class and the fix.
         FileNotFoundError: the folder holds no site data.
     """
+    check_client_data_allowed(f"site {folder}'s data")
     folder = Path(folder)
     x, names, x_test, test_names = _read(folder)
     index = {name: k for k, name in enumerate(classes)}

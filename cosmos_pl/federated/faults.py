@@ -18,7 +18,15 @@ Upload faults (``step`` 'upload'): ``shape`` (a row missing), ``dtype`` (float64
 ``drop`` (``step`` 'round'): the client sits the round out, as a reference for "left out from that round": it is
 asked to train, upload and load nothing that round.
 
-Task faults apply to in-process clients (their tasks are wrapped where they run); upload and drop faults to any.
+Hello faults (``step`` 'hello', a Flower node only): ``malformed``: the node replies a malformed hello (a client
+id that is not an integer, a negative training size, a NaN parameter count, no digest) instead of its own, which
+the server must refuse. The node is matched on ``client`` (its ``partition-id``) alone: ``round`` is not read (a
+node is greeted when it joins, whatever the round) and may be left out.
+
+Task faults apply to in-process clients (their tasks are wrapped where they run); upload and drop faults to any
+transport's clients, where the server receives them. A Flower node (:mod:`cosmos_pl.flower.node`) applies the
+upload and hello faults itself when the variable is set in its SuperNode's environment: its pseudo-labels are
+corrupted before they are sent, as a hostile node would send them, for tests of a real deployment.
 """
 
 from __future__ import annotations
@@ -40,11 +48,13 @@ from cosmos_pl.objectives.runtime import ClientRuntime
 from cosmos_pl.objectives.step import ClientStep, Task
 from cosmos_pl.training.client import Client
 
-__all__ = ["ENV", "Fault", "FaultyClients", "FaultyRuntime", "load", "find", "run_with_fault", "corrupt", "wrap"]
+__all__ = ["ENV", "HELLO_KINDS", "TASK_KINDS", "UPLOAD_KINDS", "Fault", "FaultyClients", "FaultyRuntime", "load",
+           "find", "find_hello", "run_with_fault", "corrupt", "wrap"]
 
 ENV = "COSMOS_PL_TEST_FAULTS"
 TASK_KINDS = ("raise", "nan", "hang", "kill")
 UPLOAD_KINDS = ("shape", "dtype", "nan_values", "negative", "row_sum", "fingerprint")
+HELLO_KINDS = ("malformed",)
 
 
 @dataclass(frozen=True)
@@ -56,13 +66,20 @@ class Fault:
 
 
 def load() -> list[Fault]:
-    """The faults named in ``$COSMOS_PL_TEST_FAULTS`` (none when unset)."""
+    """The faults named in ``$COSMOS_PL_TEST_FAULTS`` (none when unset); a hello fault may leave out its round (read
+    as -1: not used).
+
+    Raises:
+        ValueError: a kind not in :data:`TASK_KINDS`, :data:`UPLOAD_KINDS`, :data:`HELLO_KINDS` or ``drop``.
+    """
     text = os.environ.get(ENV)
     if not text:
         return []
-    faults = [Fault(int(f["round"]), int(f["client"]), str(f["step"]), str(f["kind"])) for f in json.loads(text)]
+    # a hello fault's round is not read (a node is greeted when it joins): it may be left out
+    faults = [Fault(int(f["round"] if "round" in f or f.get("step") != "hello" else -1), int(f["client"]),
+                    str(f["step"]), str(f["kind"])) for f in json.loads(text)]
     for f in faults:
-        if f.kind not in TASK_KINDS + UPLOAD_KINDS + ("drop",):
+        if f.kind not in TASK_KINDS + UPLOAD_KINDS + HELLO_KINDS + ("drop",):
             raise ValueError(f"{ENV}: unknown fault kind {f.kind!r}")
     return faults
 
@@ -70,6 +87,12 @@ def load() -> list[Fault]:
 def find(faults: list[Fault], rnd: int, client: int, step: str) -> Optional[str]:
     """The kind of fault planned for this client's step in this round, or None."""
     return next((f.kind for f in faults if (f.round, f.client, f.step) == (rnd, client, step)), None)
+
+
+def find_hello(faults: list[Fault], client: int) -> Optional[str]:
+    """The kind of hello fault planned for ``client`` (its round is not read: a node is greeted when it joins), or
+    None."""
+    return next((f.kind for f in faults if f.step == "hello" and f.client == client), None)
 
 
 def run_with_fault(_fault_fn: Callable[..., Any], _fault_kind: str, **kwargs: Any) -> Any:

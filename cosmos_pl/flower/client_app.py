@@ -5,11 +5,12 @@ failure for that round with the reason and goes on with the others (``failures.o
 
 Node config (``flower-supernode --node-config``): ``partition-id`` (which client of the federation this node is,
 0..N-1; required), ``data`` (the site's own data: a folder ``cosmos-pl export-partition`` wrote, or an ImageFolder
-tree; without it the node takes its partition of the data set the run config names), ``state-dir`` (where the
-committed model, U, the data cache and the node's identity are kept; default ``~/.cache/cosmos-pl/flower``),
-``threads`` (torch CPU threads; default ``executor.threads_per_worker`` of the run, else every core). Any other key
-(a misspelt ``partiton-id``) makes the node refuse to join, naming the key and the close match; the server records
-the refusal as that node's join failure (``nodes.json``).
+tree; required in a deployment, where a node without it, or with a folder that is not there or not readable,
+refuses to join; in a simulation without it the node takes its partition of the data set the run config names),
+``state-dir`` (where the committed model, U, the data cache and the node's identity are kept; default
+``~/.cache/cosmos-pl/flower``), ``threads`` (torch CPU threads; default ``executor.threads_per_worker`` of the run,
+else every core). Any other key (a misspelt ``partiton-id``) makes the node refuse to join, naming the key and the
+close match; the server records the refusal as that node's join failure (``nodes.json``).
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from cosmos_pl.flower import node
+from cosmos_pl.flower.audit import audit_opens
+from cosmos_pl.flower.node_state import identity
 
 __all__ = ["app", "respond", "HANDLERS"]
 
 app = ClientApp()
+audit_opens()  # test-only, and only with $COSMOS_PL_AUDIT_OPENS set (cosmos_pl.flower.audit)
 
 
 def respond(handler: Callable[[RecordDict, Context], RecordDict], content: RecordDict, context: Context) -> RecordDict:
@@ -37,7 +41,7 @@ def respond(handler: Callable[[RecordDict, Context], RecordDict], content: Recor
         return RecordDict({"error": ConfigRecord({"type": "StepFailed", "reason": str(err), "stage": err.stage})})
     except node.SiteDataError as err:  # this site's data cannot be used: its client fails, the run goes on
         return RecordDict({"error": ConfigRecord({"type": "SiteDataError", "reason": str(err)[:1000],
-                                                  "client_id": err.client_id})})
+                                                  "client_id": err.client_id, "identity": identity(context)})})
     except Exception as err:  # the client's failure, reported with its reason; the node keeps serving
         reason = " ".join(f"{type(err).__name__}: {err}".split())[:1000]
         return RecordDict({"error": ConfigRecord({"type": type(err).__name__, "reason": reason})})

@@ -1,6 +1,11 @@
 """How nodes join a deployment's run: ``query.hello`` to every new node (before round 0, then at the start of every
-round), U sent to a site that lacks it, and ``nodes.json``: which node holds which client, with what identity, and
-whether the model digest it reports is the one its client last committed.
+round), U sent to a site that lacks it, and ``nodes.json``: the run's mode, how clients are bound to nodes (``key``:
+the operator's ``sites`` file; ``token``: the node's own token, first come first served), which node holds which
+client, every join and whether the model digest it reports is the one its client last committed, and every refusal
+with its reason.
+
+Every hello reply is checked (:func:`cosmos_pl.flower.validate.hello`) before anything in it is kept; a malformed
+or refused one fails only that node's join.
 
 :class:`NodeJoining` is a part of :class:`~cosmos_pl.flower.server.FlowerClients` (its node bookkeeping), apart from
 the messages of the rounds.
@@ -15,17 +20,17 @@ from flwr.app import ConfigRecord, RecordDict
 
 from cosmos_pl.federated.clients import ClientInfo
 from cosmos_pl.federated.executor import TaskFailure
-from cosmos_pl.federated.initial_models import client_backbone
-from cosmos_pl.flower import wire
-from cosmos_pl.flower.replies import NodesMissing, SiteFailure
+from cosmos_pl.flower import validate, wire
+from cosmos_pl.flower.replies import NodesMissing, NoReply, SiteFailure
 
 __all__ = ["NodeJoining"]
 
 
 class NodeJoining:
     """The node bookkeeping of :class:`~cosmos_pl.flower.server.FlowerClients`, which sets the attributes it reads
-    (the view, the clients' count ``n``, the config and run token sent in the hello, the console and recorder, the
-    maps of nodes, ``extra_bytes`` and ``needs_public``) and provides :meth:`~cosmos_pl.flower.server.FlowerClients.send`
+    (the view, the clients' count ``n``, the run's ``mode``, the config and run token sent in the hello, what a hello
+    must say (``expected``), the operator's ``site_keys`` or None, the console and recorder, the maps of nodes,
+    ``extra_bytes`` and ``needs_public``) and provides :meth:`~cosmos_pl.flower.server.FlowerClients.send`
     (one message per node); :meth:`join` is what the server calls."""
 
     def join(self, rnd: int, wait: bool, refused: Optional[dict[int, str]] = None) -> None:
@@ -45,12 +50,14 @@ class NodeJoining:
         deadline = start + (self.join_timeout_s if wait else 0.0)
         refused = {} if refused is None else refused  # node id -> why it could not join (asked once per call)
         while True:
-            present = set(self.grid.get_node_ids())
+            nodes = self._nodes()
+            present = set(nodes)
             for cid in [c for c, node in self.node_of.items() if node not in present]:
                 del self.node_of[cid]  # its node left
             new = sorted(present - set(self.node_of.values()) - set(refused))  # online nodes only (Flower)
             if new:
-                config = {"config_yaml": self.config_yaml, "public_fingerprint": self.view.fingerprint,
+                config = {"mode": self.mode, "config_yaml": self.config_yaml,
+                          "public_fingerprint": self.view.fingerprint,
                           "run_token": self.run_token, "classes": list(self.view.data.classes),
                           "public_shape": [int(v) for v in self.view.public.shape]}
                 hello = RecordDict({"config": ConfigRecord(config)})
@@ -58,8 +65,8 @@ class NodeJoining:
                 # join timeout; later (a restarted node) the reply timeout
                 timeout = max(1.0, deadline - time.monotonic()) if wait else self.reply_timeout_s
                 for node_id, reply in self.send(wire.HELLO, {node: hello for node in new}, timeout).items():
-                    reason = self._greeted(rnd, node_id, reply)
-                    if reason and not reason.startswith("node "):  # a refusal; a node that did not reply is asked again
+                    reason = self._greeted(rnd, node_id, reply, nodes.get(node_id))
+                    if reason and not isinstance(reply, NoReply):  # a refusal; a node that did not reply is asked again
                         refused[node_id] = reason
                         self.join_failures.append({"round": rnd, "node_id": node_id, "reason": reason})
                         self._write_nodes()
@@ -108,53 +115,80 @@ class NodeJoining:
         self.needs_public -= set(todo)
 
     def _write_nodes(self) -> None:
-        self.recorder.write_json("nodes.json", {"clients": {str(c): n for c, n in sorted(self.node_of.items())},
-                                                "joins": self.joins, "join_failures": self.join_failures})
+        self.recorder.write_json("nodes.json", {
+            "mode": self.mode, "bound_by": "key" if self.site_keys is not None else "token",
+            "clients": {str(c): n for c, n in sorted(self.node_of.items())}, "joins": self.joins,
+            "join_failures": self.join_failures})
 
-    def _greeted(self, rnd: int, node_id: int, reply: Any) -> Optional[str]:
-        """Record a node's hello reply; returns why it could not join, or None. A site whose own data cannot be
-        used holds its client all the same: that client fails every round with the reason (the run goes on)."""
-        if isinstance(reply, SiteFailure) and 0 <= reply.client < self.n and reply.client not in self.node_of:
-            cid = reply.client
+    def _greeted(self, rnd: int, node_id: int, reply: Any, public_key: Optional[bytes] = None) -> Optional[str]:
+        """Record a node's hello reply; returns why it could not join, or None.
+
+        Every branch is checked before anything is kept: the reply (:func:`cosmos_pl.flower.validate.hello`), then
+        whether this node may hold the client it claims (:meth:`_holder_refusal`: the key the operator named for it,
+        or without ``sites`` the token of the node that first held it), then whether another node holds it. A site
+        whose own data cannot be used (a :class:`SiteFailure` reply) holds its client all the same once it passes
+        those checks: that client fails every round with the reason (the run goes on)."""
+        try:
+            if isinstance(reply, SiteFailure):
+                cid, identity, hello = reply.client, reply.identity, None
+            elif isinstance(reply, TaskFailure):
+                self.console.print(f"round {rnd}: node {node_id} could not join: {reply.reason}")
+                return reply.reason
+            else:
+                hello = validate.hello(reply, self.expected)
+                cid, identity = hello.info.id, hello.identity
+        except Exception as err:  # noqa: BLE001 - whatever a node sends, it fails only its own join
+            reason = f"hello from node {node_id} not accepted: {' '.join(str(err).split())[:300]}"
+            self.console.print(f"round {rnd}: {reason}; refused")
+            return reason
+        refusal = self._holder_refusal(cid, node_id, identity, public_key)
+        if refusal is None and cid in self.node_of:
+            refusal = (f"client {cid} is already held by node {self.node_of[cid]}, and node {node_id} says it holds "
+                       "it too (give each node its own partition-id)")
+        if refusal is not None:
+            self.console.print(f"round {rnd}: node {node_id} refused: {refusal}")
+            return refusal
+        self.identity_of.setdefault(cid, identity)
+        if hello is None:
             self.node_of[cid], self.broken[cid] = node_id, reply.reason
-            self.described[cid] = ClientInfo(cid, client_backbone(self.view.runtime.clients.backbones, cid), 0, 0, 0, 0)
+            self.described[cid] = ClientInfo(cid, self.expected.backbones(cid), 0, 0, 0, 0)
             self.console.print(f"round {rnd}: client {cid} (node {node_id}) cannot use its data: {reply.reason}")
             self._write_nodes()
             return None
-        if isinstance(reply, TaskFailure):
-            self.console.print(f"round {rnd}: node {node_id} could not join: {reply.reason}")
-            return reply.reason
-        info = reply["config"]
-        cid = int(info["client_id"])
-        identity = str(info.get("identity", ""))
-        if self.identity_of.get(cid, identity) != identity:
-            reason = (f"client {cid} was first held by another node (identity {self.identity_of[cid][:8]}...), and "
-                      f"node {node_id} (identity {identity[:8]}...) claims it: a client id stays with the node that "
-                      "held it (restart that node on its own state-dir, or give this one its own partition-id)")
-            self.console.print(f"round {rnd}: {reason}")
-            return reason
-        if cid in self.node_of:
-            reason = f"client {cid} is already held by node {self.node_of[cid]}, and node {node_id} says it holds it too"
-            self.console.print(f"round {rnd}: {reason}; ignoring it (give each node its own partition-id)")
-            return reason
-        if not 0 <= cid < self.n:
-            return f"client {cid} is not a client of this run (0..{self.n - 1})"
         self.node_of[cid] = node_id
-        self.identity_of[cid] = identity
         self.broken.pop(cid, None)
-        if not bool(info.get("has_public", True)):
+        if not hello.has_public:
             self.needs_public.add(cid)
-        self.described[cid] = ClientInfo(cid, str(info["backbone"]), int(info["train_size"]), int(info["test_size"]),
-                                         int(info["validation_size"]), int(info["parameters"]))
+        self.described[cid] = hello.info
         self.extra_bytes["setup"][cid] = self.extra_bytes["setup"].get(cid, 0) + len(self.config_yaml.encode())
-        committed, digest = int(info["committed_round"]), str(info["digest"])
+        committed, digest = hello.committed_round, hello.digest
         last = self.reported.get(cid)
         intact = None if last is None else last == (committed, digest)
         self.joins.append({"round": rnd, "client": cid, "node_id": node_id, "committed_round": committed,
-                           "digest": digest, "last_reported": None if last is None else list(last), "intact": intact})
+                           "digest": digest, "last_reported": None if last is None else list(last), "intact": intact,
+                           "bound_by": "key" if self.site_keys is not None else "token"})
         self._write_nodes()
         if last is not None:
             state = "intact" if intact else f"NOT the one it reported (round {last[0]}, {last[1]})"
             self.console.print(f"round {rnd}: client {cid} rejoined on node {node_id} with its model of round "
                                f"{committed} (digest {digest}): {state}")
         return None
+
+    def _holder_refusal(self, cid: int, node_id: int, identity: str, public_key: Optional[bytes]) -> Optional[str]:
+        """Why ``node_id`` may not hold ``cid``: with ``sites``, its key is not the one named for the client
+        (:meth:`~cosmos_pl.flower.bindings.SiteKeys.refusal`); without, another token held the client first."""
+        if self.site_keys is not None:
+            return self.site_keys.refusal(cid, node_id, public_key)
+        first = self.identity_of.get(cid, identity)
+        if first == identity:
+            return None
+        return (f"client {cid} was first held by another node (identity {first[:8]}...), and node {node_id} (identity "
+                f"{identity[:8]}...) claims it: a client id stays with the node that held it (restart that node on "
+                "its own state-dir, or give this one its own partition-id)")
+
+    def _nodes(self) -> dict[int, Optional[bytes]]:
+        """The connected nodes: node id -> the public key the SuperLink registered for it (PEM; read only when
+        ``sites`` binds clients to keys)."""
+        if self.site_keys is None:
+            return {int(n): None for n in self.grid.get_node_ids()}
+        return {int(info.node_id): bytes(info.public_key) for info in self.grid.get_nodes()}

@@ -7,6 +7,15 @@ and ``weights`` upload, ``load_weights`` loads the average, ``scores`` ends the 
 (the server says so) rolls back to its committed model, as in-process. At the end of an evaluated round the node
 scores its model, and the models the server sent for the purpose (its cluster teacher), on its own test and
 validation splits: the server never sees them.
+
+What the server sends is checked before the node acts on it: the run token and U's fingerprint become parts of
+paths on the node (:func:`~cosmos_pl.flower.node_state.checked_hex`), a teacher must have exactly the model's
+floating-point tensors (:func:`sent_models`). In a deployment (the hello's ``mode``) a node serves its own folder
+(node config ``data``) or refuses to join.
+
+For tests of a hostile node in a real deployment, a node honours the test faults of
+:mod:`cosmos_pl.federated.faults` set in the SuperNode's environment: ``upload`` faults corrupt its pseudo-labels,
+a ``hello`` fault ``malformed`` replies a malformed hello. Nothing reads them in normal use.
 """
 
 from __future__ import annotations
@@ -16,12 +25,13 @@ from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
 
 from cosmos_pl.communication import CommunicationConfig
 from cosmos_pl.errors import ConfigError
+from cosmos_pl.federated import faults
 from cosmos_pl.files import atomic_save
 from cosmos_pl.flower import wire
 from cosmos_pl.flower.node_data import NodeRun, SiteDataError, load_run
-from cosmos_pl.flower.node_state import (COMMITTED, META, SITE_KEYS, WORKING, NotSetUp, check_node_config, commit,
-                                         current_client, data_cache, identity, keep_working, meta_record,
-                                         model_digest, node_site, state_dir, state_file)
+from cosmos_pl.flower.node_state import (COMMITTED, META, SITE_KEYS, WORKING, NotSetUp, check_node_config,
+                                         check_site_folder, checked_hex, commit, current_client, data_cache, identity,
+                                         keep_working, meta_record, model_digest, node_site, state_dir, state_file)
 from cosmos_pl.models import create_backbone
 from cosmos_pl.models.personal import load_shared_weights, shared_weights
 from cosmos_pl.objectives.runtime import encode_upload
@@ -29,19 +39,32 @@ from cosmos_pl.objectives.wire import steps_from_wire
 from cosmos_pl.training.client import Client
 from cosmos_pl.uploads import public_fingerprint
 
-__all__ = ["NotSetUp", "SiteDataError", "StepFailed", "hello", "load_weights", "public", "pseudo_labels",
+__all__ = ["MODES", "NotSetUp", "SiteDataError", "StepFailed", "hello", "load_weights", "public", "pseudo_labels",
            "run_steps", "scores", "sent_models", "weights"]
+
+#: The hello's ``mode``: a deployment (each node serves its own folder, node config ``data``) or a simulation (each
+#: node takes its partition of the data set the run config names). A hello without it is a simulation's.
+MODES = ("deployment", "simulation")
 
 
 # --------------------------------------------------------------------------- handlers (content -> content)
 def hello(content: RecordDict, context: Context) -> RecordDict:
     """Set the node up for the run: build its client (``partition-id``) and load its committed model from disk
-    (a restarted node) or create the round-0 model. Replies the client id, the committed round and the digest.
+    (a restarted node) or create the round-0 model.
+
+    Reads the server's config: ``config_yaml``, ``run_token``, ``public_fingerprint``, ``mode`` (``deployment`` or
+    ``simulation``; a simulation's when missing) and, for a site (node config ``data``), ``classes`` and
+    ``public_shape``. Replies ``client_id``, ``committed_round``, ``digest``, ``public_fingerprint``, ``backbone``,
+    ``train_size``, ``test_size``, ``validation_size``, ``parameters``, ``has_public``, ``identity`` and
+    ``data_mode`` (``site`` with node config ``data``, else ``partition``).
 
     Raises:
         ConfigError: an unknown node config key (:func:`check_node_config`), no ``partition-id`` in the node
-            config, or one out of range.
-        ValueError: the server's public set U is not the one this node built.
+            config, or one out of range; an unknown ``mode``; a deployment's node without ``data``; a ``data``
+            folder that is not there or not readable (:func:`check_site_folder`).
+        ValueError: a run token or U fingerprint that is not hex (:func:`checked_hex`); the server's public set U
+            is not the one this node built.
+        SiteDataError: the site's folder holds data that cannot be used for the run.
     """
     check_node_config(context.node_config)  # before the run is built: a typo is refused in a moment
     cfg = content["config"]
@@ -49,14 +72,29 @@ def hello(content: RecordDict, context: Context) -> RecordDict:
     if pid is None:
         raise ConfigError("node config partition-id=None: give each node its own client, 0..N-1 "
                           "(flower-supernode --node-config 'partition-id=0')")
+    cid = int(pid)
+    if faults.find_hello(faults.load(), cid) == "malformed":  # test only: a hostile node, before any work
+        return RecordDict({"config": ConfigRecord({"client_id": "one", "train_size": -5, "parameters": float("nan"),
+                                                   "backbone": 7})})
+    mode = str(cfg.get("mode", "simulation"))
+    if mode not in MODES:
+        raise ConfigError(f"the server sent mode={mode!r}: expected one of {', '.join(MODES)} (a server of another "
+                          "cosmos-pl version?); run the same version on both")
+    folder = context.node_config.get("data")
+    if mode == "deployment" and not folder:
+        raise ConfigError("node config has no data=<folder>: in a deployment each site serves its own data "
+                          "(flower-supernode --node-config \"partition-id=0 data='/srv/site_0'\"); this node would "
+                          "build the whole federation from the data set the run config names, so it refuses to join")
+    token = checked_hex("run_token", cfg["run_token"])
+    checked_hex("public_fingerprint", cfg["public_fingerprint"])
+    if folder:
+        check_site_folder(str(folder))  # a refused join, before any data are read
     site = node_site(context, cfg)
-    run = load_run(str(cfg["config_yaml"]), int(pid), data_cache(context), site)  # refuses a pid outside 0..N-1
+    run = load_run(str(cfg["config_yaml"]), cid, data_cache(context), site)  # refuses a pid outside 0..N-1
     if site is None and run.fingerprint != str(cfg["public_fingerprint"]):
         raise ValueError(f"public set U differs: this node built U with fingerprint {run.fingerprint}, the server "
                          f"{cfg['public_fingerprint']}; give the node the same data and cosmos-pl version")
-    cid = int(pid)
     meta = context.state.get(META)
-    token = str(cfg["run_token"])
     if meta is None or str(meta["run_token"]) != token or int(meta["client_id"]) != cid:
         path = state_file(context, token, cid)
         if path.is_file():  # a restarted node: continue from its last committed round
@@ -77,7 +115,8 @@ def hello(content: RecordDict, context: Context) -> RecordDict:
         "client_id": cid, "committed_round": int(meta["committed_round"]), "digest": str(meta["digest"]),
         "public_fingerprint": run.fingerprint, "backbone": run.backbone(cid), "train_size": len(d.y),
         "test_size": len(d.y_test), "validation_size": 0 if d.y_val is None else len(d.y_val),
-        "parameters": run.parameters, "has_public": run.public_x is not None, "identity": identity(context)})})
+        "parameters": run.parameters, "has_public": run.public_x is not None, "identity": identity(context),
+        "data_mode": "partition" if site is None else "site"})})
 
 
 def public(content: RecordDict, context: Context) -> RecordDict:
@@ -86,10 +125,11 @@ def public(content: RecordDict, context: Context) -> RecordDict:
     fingerprint and kept as ``state-dir/public/<fingerprint>.pt``, for every later run with the same U.
 
     Raises:
-        ValueError: the chunks do not make U (another fingerprint, missing rows).
+        ValueError: the fingerprint is not hex (:func:`checked_hex`: it names files on this node); the chunks do not
+            make U (another fingerprint, missing rows).
     """
     cfg = content["config"]
-    fp, start, total = str(cfg["public_fingerprint"]), int(cfg["start"]), int(cfg["rows"])
+    fp, start, total = checked_hex("public_fingerprint", cfg["public_fingerprint"]), int(cfg["start"]), int(cfg["rows"])
     parts = state_dir(context) / "public" / f"{fp}.parts"
     chunk = wire.record_to_tensors(content["arrays"])["x"]
     atomic_save(chunk, parts / f"{start:012d}.pt")
@@ -137,7 +177,9 @@ def run_steps(content: RecordDict, run: NodeRun, client: Client, rnd: int) -> di
 
 
 def pseudo_labels(content: RecordDict, context: Context) -> RecordDict:
-    """Run the carried training steps, then reply the client's pseudo-labels on U encoded per the round's options.
+    """Run the carried training steps, then reply the client's pseudo-labels on U encoded per the round's options
+    (an ``upload`` test fault planned for this round and client corrupts them:
+    :func:`cosmos_pl.federated.faults.corrupt`).
 
     Raises:
         ValueError: the server's U fingerprint differs from this node's (the client does not answer for another U).
@@ -155,6 +197,9 @@ def pseudo_labels(content: RecordDict, context: Context) -> RecordDict:
     fn, kwargs = run.runtime.predict(client, rnd)
     payload = encode_upload(fn(**kwargs), str(cfg["kind"]), CommunicationConfig(str(cfg["dtype"]), top_k),
                             run.fingerprint)
+    fault = faults.find(faults.load(), rnd, client.id, "upload")
+    if fault in faults.UPLOAD_KINDS:  # test only: a hostile node's upload, which the server must refuse
+        payload = faults.corrupt(payload, fault)
     arrays, meta = wire.payload_to_record(payload)
     return RecordDict({"arrays": arrays, "config": ConfigRecord(meta), "losses": MetricRecord(losses)})
 
@@ -218,13 +263,36 @@ def scores(content: RecordDict, context: Context) -> RecordDict:
 
 
 def sent_models(content: RecordDict, run: NodeRun) -> dict[str, torch.nn.Module]:
-    """The models the server sent to be scored here (``eval.<name>``: the architecture's name and its float tensors,
-    e.g. COSMOS's cluster teacher of this client), built for the run's images."""
+    """The models the server sent to be scored here (``eval.<name>``: the architecture's name in the config
+    ``eval.<name>.backbone``, and the array record ``eval.<name>`` of its floating-point state-dict tensors; e.g.
+    COSMOS's cluster teacher of this client), built for the run's images. The non-float buffers (BatchNorm's
+    ``num_batches_tracked``) are not sent: they keep the new model's values.
+
+    Raises:
+        ValueError: the tensors sent are not exactly the model's floating-point ones with their shapes (naming the
+            model, the missing and unexpected names and the shape mismatches): the client fails the round with it.
+    """
     cfg = content["config"]
     out = {}
     for name in [n for n in str(cfg.get("eval", "")).split(",") if n]:
-        model = create_backbone(str(cfg[f"eval.{name}.backbone"]), run.num_classes, run.in_chans,
-                                max(run.image_shape))
-        model.load_state_dict(wire.record_to_tensors(content[f"eval.{name}"]), strict=False)
+        backbone = str(cfg[f"eval.{name}.backbone"])
+        model = create_backbone(backbone, run.num_classes, run.in_chans, max(run.image_shape))
+        sent = wire.record_to_tensors(content[f"eval.{name}"])
+        expected = {k: v for k, v in model.state_dict().items() if v.is_floating_point()}
+        missing = sorted(set(expected) - set(sent))
+        unexpected = sorted(set(sent) - set(expected))
+        shapes = [f"{k} {tuple(sent[k].shape)} (the model's {tuple(expected[k].shape)})" for k in sorted(expected)
+                  if k in sent and tuple(sent[k].shape) != tuple(expected[k].shape)]
+        wrong = [_few(what, items) for what, items in (("missing", missing), ("unexpected", unexpected),
+                                                       ("of another shape", shapes)) if items]
+        if wrong:
+            raise ValueError(f"eval.{name}: the server sent tensors that do not fit its architecture {backbone} for "
+                             f"this run: {'; '.join(wrong)}; not scoring it (a server of another cosmos-pl version?)")
+        model.load_state_dict(sent, strict=False)  # only the non-float buffers, which are not sent, are left out
         out[name] = model
     return out
+
+
+def _few(what: str, items: list[str], shown: int = 3) -> str:
+    """``"<count> <what> (<the first few items>, ...)"``, for an error line."""
+    return f"{len(items)} {what} ({', '.join(items[:shown])}{', ...' if len(items) > shown else ''})"

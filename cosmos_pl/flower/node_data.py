@@ -2,14 +2,21 @@
 
 The server's ``query.hello`` carries the run's resolved config; the node builds the same federation as the server
 (same settings and seed) and keeps only its own client's part (``partition-id`` mode), or reads its site's own folder
-(``data`` mode, U as the server sent it). It keeps them in ``state-dir/data/<config hash>/client_<id>.pt``, so the
-later messages of the run (each one a new ClientApp process in Flower) load them instead of rebuilding the
-federation.
+(``data`` mode, U as the server sent it). It keeps them in ``state-dir/data/<key>/client_<id>.pt``, so the later
+messages of the run (each one a new ClientApp process in Flower) load them instead of rebuilding the federation.
+
+The key is a hash of what the data are built from: the config text in ``partition-id`` mode; in ``data`` mode also
+the class list and U's shape the server sent and the contents of the site's folder (:func:`folder_digest`), so a
+site whose files changed, or a server with another class list, gets a fresh build, never another run's cache.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -19,15 +26,33 @@ import torch
 from cosmos_pl.data import ClientData
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.initial_models import client_backbone, initial_model
-from cosmos_pl.files import atomic_save
+from cosmos_pl.files import atomic_save, atomic_write_text
 from cosmos_pl.models import count_parameters
 from cosmos_pl.models.personal import personal_model
 from cosmos_pl.objectives.runtime import ClientRuntime
 from cosmos_pl.uploads import public_fingerprint
 
-__all__ = ["DATA_FIELDS", "NodeRun", "Site", "SiteDataError", "clear_runs", "load_run", "partition_part", "site_part"]
+__all__ = ["DATA_FIELDS", "NodeRun", "Site", "SiteDataError", "checked_hex", "clear_runs", "data_key", "folder_digest",
+           "load_run", "partition_part", "site_part"]
 
-_RUNS: dict[tuple[str, int], "NodeRun"] = {}  # per process, by (config hash, client): one run at a time
+_RUNS: dict[tuple[str, int], "NodeRun"] = {}  # per process, by (data key, client): one run at a time
+#: A file changed this recently (ns) may change again within the file system's timestamp granularity, keeping its
+#: size and mtime: its digest is not kept in the index, so it is read again next time (git's "racy" entries).
+_RACY_NS = 2_000_000_000
+
+
+def checked_hex(name: str, value: Any, max_len: int = 64) -> str:
+    """``value``, a string the server sent that becomes part of a path on this node (the run token, U's
+    fingerprint), if it is lowercase hex of 1 to ``max_len`` digits: no ``/``, ``..`` or anything else a path could
+    be steered with.
+
+    Raises:
+        ValueError: any other value (a join refusal in a hello, the client's failure in a later message).
+    """
+    if not isinstance(value, str) or not re.fullmatch(f"[0-9a-f]{{1,{int(max_len)}}}", value):
+        raise ValueError(f"the server sent {name}={value!r}: not a hex string of at most {max_len} digits; refusing "
+                         "it (it would become part of a path on this node)")
+    return value
 
 
 @dataclass
@@ -36,6 +61,7 @@ class NodeRun:
     client runtime.
 
     Attributes:
+        config_hash: the data key (:func:`data_key`): its cache folder's name.
         init: the run's parsed settings.
         data: the client's own data (training, test and validation splits).
         public_x: U, uint8 ``[n, C, H, W]``.
@@ -91,6 +117,9 @@ class Site:
     fingerprint: str
     public_dir: Path
 
+    def __post_init__(self) -> None:
+        checked_hex("public_fingerprint", self.fingerprint)  # U's file name on this node
+
     @property
     def public_file(self) -> Path:
         return self.public_dir / f"{self.fingerprint}.pt"
@@ -109,19 +138,106 @@ class SiteDataError(ValueError):
         self.client_id = client_id
 
 
+def folder_digest(folder: str | Path, index_path: Optional[Path] = None) -> str:
+    r"""SHA-256 (hex) of a folder's contents: over every regular file under it (symbolic links followed, as the data
+    are read), sorted by its path relative to ``folder`` (``/``-separated), the line ``"<relative path>\0<SHA-256
+    of the file's bytes>\n"``. Equal digests, equal files.
+
+    With ``index_path`` (a JSON file ``{absolute path: [size, mtime_ns, sha256]}``) a file whose size and mtime are
+    those indexed is not read again: Flower starts a process per message, and a site's folder may be large. The
+    index is rewritten (atomically) when it changed; a file modified in the last 2 s is not indexed (its next change
+    may keep its size and mtime), and a missing or unreadable index is rebuilt.
+
+    Raises:
+        OSError: a file or folder under ``folder`` cannot be read.
+    """
+    root = Path(os.path.abspath(folder))
+    index: dict[str, Any] = {}
+    if index_path is not None and index_path.is_file():
+        try:
+            index = json.loads(index_path.read_text())
+            index = index if isinstance(index, dict) else {}
+        except (OSError, ValueError):  # torn or foreign: rebuilt below
+            index = {}
+    files: list[tuple[str, Path]] = []
+    seen_dirs: set[tuple[int, int]] = set()
+
+    def fail(err: OSError) -> None:
+        raise err
+
+    for where, dirs, names in os.walk(root, onerror=fail, followlinks=True):
+        st = os.stat(where)
+        if (st.st_dev, st.st_ino) in seen_dirs:  # a link back to a folder already walked
+            dirs[:] = []
+            continue
+        seen_dirs.add((st.st_dev, st.st_ino))
+        dirs.sort()
+        for name in names:
+            path = Path(where) / name
+            if path.is_file():
+                files.append((path.relative_to(root).as_posix(), path))
+    files.sort()
+    now = time.time_ns()
+    mine: dict[str, list[Any]] = {}
+    h = hashlib.sha256()
+    for rel, path in files:
+        st = path.stat()
+        known = index.get(str(path))
+        if (isinstance(known, list) and len(known) == 3 and known[:2] == [st.st_size, st.st_mtime_ns]
+                and isinstance(known[2], str)):
+            digest = known[2]
+        else:
+            file_hash = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    file_hash.update(block)
+            digest = file_hash.hexdigest()
+        if now - st.st_mtime_ns >= _RACY_NS:
+            mine[str(path)] = [st.st_size, st.st_mtime_ns, digest]
+        h.update(f"{rel}\0{digest}\n".encode())
+    if index_path is not None:
+        prefix = str(root) + os.sep
+        updated = {k: v for k, v in index.items() if not k.startswith(prefix)}  # other folders' entries stay
+        updated.update(mine)
+        if updated != index:
+            atomic_write_text(index_path, json.dumps(updated, sort_keys=True) + "\n")
+    return h.hexdigest()
+
+
+def data_key(config_yaml: str, site: Optional[Site] = None, cache: Optional[Path] = None) -> str:
+    """The key of a client's data (16 hex digits): SHA-256 of the config text; for a site, of the config text, the
+    class list and U's shape the server sent, and the folder's :func:`folder_digest` (its index kept in
+    ``cache/file_digests.json``).
+
+    Raises:
+        OSError: a file of the site's folder cannot be read.
+    """
+    if site is None:
+        return hashlib.sha256(config_yaml.encode()).hexdigest()[:16]  # partition-id mode: the config says it all
+    contents = folder_digest(site.folder, None if cache is None else cache / "file_digests.json")
+    text = json.dumps([config_yaml, list(site.classes), [int(v) for v in site.public_shape], contents])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def load_run(config_yaml: str, client_id: int, cache: Optional[Path] = None, site: Optional[Site] = None) -> NodeRun:
     """Parse the run's resolved config and get client ``client_id``'s data and U: from the node's disk cache
-    (``cache/<config hash>/client_<id>.pt``, written atomically by the first message of the run), else from the
-    site's own folder (``site``: its data; U as the server sent it), or by building the federation as the server
-    does (same settings and seed) and keeping this client's part. Flower starts a process per message, so only the
-    first message pays for loading the data. Kept per process too (one run at a time).
+    (``cache/<data key>/client_<id>.pt``, :func:`data_key`, written atomically by the first message of the run),
+    else from the site's own folder (``site``: its data; U as the server sent it), or by building the federation as
+    the server does (same settings and seed) and keeping this client's part. Flower starts a process per message,
+    so only the first message pays for loading the data. Kept per process too (one run at a time).
 
     Raises:
         ConfigError / DataError / FileNotFoundError: the config is invalid here or the data cannot be loaded.
         ConfigError: ``client_id`` is not a client of the federation (0..N-1).
-        SiteDataError: the site's data cannot be used (naming the file or class).
+        SiteDataError: the site's data cannot be used (naming the file or class), or a file of its folder cannot
+            be read.
     """
-    key = hashlib.sha256((config_yaml + (site.folder if site else "")).encode()).hexdigest()[:16]
+    try:
+        key = data_key(config_yaml, site, cache)
+    except OSError as err:  # the folder is there (the hello checked it), a file in it is not readable
+        raise SiteDataError(client_id, f"node config data={site.folder!r}: cannot read "
+                                       f"{err.filename or 'a file under it'} ({err.strerror or err}): make every "
+                                       "file of the site's folder readable by this node's user") from None
     if (key, client_id) in _RUNS:
         run = _RUNS[key, client_id]
         if run.public_x is None and site is not None:  # U may have arrived since

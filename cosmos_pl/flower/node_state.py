@@ -4,6 +4,9 @@ The client's model lives in the node's state (``context.state``) while a round r
 committed: kept in the node state and written atomically to the node's disk (``state-dir/<run token>/client_<id>.pt``),
 so a node that is killed and restarted continues from its last committed round of the same run; the server draws a
 new run token for every run, so a new run starts afresh.
+
+The server's strings that become parts of paths on the node (the run token, U's fingerprint) are checked to be short
+lowercase hex first (:func:`checked_hex`): a server cannot make a node write or read outside its state dir.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.devices import available_cpus
 from cosmos_pl.files import atomic_save
 from cosmos_pl.flower import wire
-from cosmos_pl.flower.node_data import NodeRun, Site, load_run
+from cosmos_pl.flower.node_data import NodeRun, Site, checked_hex, load_run
 from cosmos_pl.training.client import Client
 
 __all__ = ["COMMITTED", "DEFAULT_STATE_DIR", "META", "NODE_CONFIG_KEYS", "NotSetUp", "SITE_KEYS", "WORKING",
-           "check_node_config", "commit", "current_client", "data_cache", "identity", "keep_working", "meta_record",
-           "model_digest", "node_site", "state_dir", "state_file", "threads"]
+           "check_node_config", "check_site_folder", "checked_hex", "commit", "current_client", "data_cache",
+           "identity", "keep_working", "meta_record", "model_digest", "node_site", "state_dir", "state_file",
+           "threads"]
 
 DEFAULT_STATE_DIR = Path.home() / ".cache" / "cosmos-pl" / "flower"
 # the node config keys a node reads (flower-supernode --node-config); Flower's simulation engine also sets
@@ -55,7 +59,12 @@ def state_dir(context: Context) -> Path:
 
 
 def state_file(context: Context, run_token: str, client_id: int) -> Path:
-    return state_dir(context) / run_token / f"client_{client_id}.pt"
+    """Where client ``client_id``'s committed model of the run ``run_token`` is kept.
+
+    Raises:
+        ValueError: ``run_token`` is not hex (:func:`checked_hex`).
+    """
+    return state_dir(context) / checked_hex("run_token", run_token) / f"client_{int(client_id)}.pt"
 
 
 def identity(context: Context) -> str:
@@ -149,8 +158,13 @@ SITE_KEYS = ("classes", "public_shape", "public_fingerprint")  # what the server
 
 
 def node_site(context: Context, cfg: Any = None) -> Optional[Site]:
-    """The node's site (node config ``data``), from the hello's config or the node state; None in partition-id
-    mode."""
+    """The node's site (node config ``data``), from the hello's config or the node state (the server's
+    ``classes``, ``public_shape`` and ``public_fingerprint``); None in partition-id mode.
+
+    Raises:
+        ConfigError: the server sent no class list.
+        ValueError: U's fingerprint is not hex (:func:`checked_hex`: it names U's file on this node).
+    """
     folder = context.node_config.get("data")
     if not folder:
         return None
@@ -159,4 +173,40 @@ def node_site(context: Context, cfg: Any = None) -> Optional[Site]:
         raise ConfigError("node config data=...: the server sent no class list (a server of another cosmos-pl "
                           "version, or one that builds the clients' data itself); run the same version on both")
     return Site(str(folder), tuple(str(c) for c in source["classes"]), tuple(int(v) for v in source["public_shape"]),
-                str(source["public_fingerprint"]), state_dir(context) / "public")
+                checked_hex("public_fingerprint", source["public_fingerprint"]), state_dir(context) / "public")
+
+
+def _user() -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError, AttributeError):
+        return f"uid {os.geteuid()}" if hasattr(os, "geteuid") else "this user"
+
+
+def check_site_folder(folder: str) -> None:
+    """Refuse a node config ``data`` folder that is not there or that this node's user cannot list and read: the
+    node does not join (the server records its refusal), rather than holding a client that fails every round. A
+    folder that is there but whose contents cannot be used (an unknown class, another image size) is the client's
+    :class:`~cosmos_pl.flower.node_data.SiteDataError` instead.
+
+    Raises:
+        ConfigError: one line naming the folder and the fix.
+    """
+    path = Path(folder)  # as the site's data is read (a node config value is not expanded by a shell)
+    if not path.exists():
+        raise ConfigError(f"node config data={folder!r}: no such folder (give the folder cosmos-pl export-partition "
+                          "wrote for this site)")
+    if not path.is_dir():
+        raise ConfigError(f"node config data={folder!r}: is not a folder (give the folder cosmos-pl "
+                          "export-partition wrote for this site, or an ImageFolder tree with train/ and test/)")
+    unreadable = (f"node config data={folder!r}: is not readable by this node's user ({_user()}: give it read and "
+                  "list permission on the folder, e.g. chmod -R u+rX or chgrp, or run the SuperNode as its owner)")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise ConfigError(unreadable)
+    try:
+        with os.scandir(path) as entries:
+            next(entries, None)
+    except OSError:
+        raise ConfigError(unreadable) from None

@@ -23,7 +23,7 @@ import uuid
 from typing import Any, Optional
 
 import torch
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from torch import nn
 
 from cosmos_pl.errors import ConfigError
@@ -31,9 +31,11 @@ from cosmos_pl.federated.clients import ClientInfo, Clients, Scores
 from cosmos_pl.federated.executor import TaskFailure
 from cosmos_pl.federated.recorder import format_csv
 from cosmos_pl.federated.server_view import ServerView
-from cosmos_pl.flower import wire
+from cosmos_pl.federated.initial_models import client_backbone
+from cosmos_pl.flower import validate, wire
+from cosmos_pl.flower.bindings import SiteKeys
 from cosmos_pl.flower.joining import NodeJoining
-from cosmos_pl.flower.replies import NodeRestarted, read_reply
+from cosmos_pl.flower.replies import NodeRestarted, NoReply, read_reply
 from cosmos_pl.objectives.runtime import encode_upload
 from cosmos_pl.objectives.step import ClientStep
 from cosmos_pl.objectives.wire import steps_to_wire
@@ -58,6 +60,11 @@ class FlowerClients(NodeJoining, Clients):
         rejoin_timeout_s: seconds to wait at the start of a later round for the clients whose node left (0: none);
             it stops as soon as each client has a node again. With SuperNode authentication a restarted node can
             only come back once the SuperLink has marked its old session offline (2 missed heartbeats of 30 s).
+        mode: ``"deployment"`` (each node serves its own site folder; its hello must say ``data_mode`` ``site``) or
+            ``"simulation"`` (each node takes its partition of the configured data set: ``partition``).
+        site_keys: the operator's binding of client ids to SuperNode keys (:mod:`cosmos_pl.flower.bindings`), checked
+            on every join; None: a client id stays with the node token that first held it (printed once in a
+            deployment: client ids are then not bound to keys).
 
     Raises:
         NodesMissing: a client has no node when the join before round 0 stops waiting
@@ -66,8 +73,15 @@ class FlowerClients(NodeJoining, Clients):
 
     def __init__(self, view: ServerView, *, grid: Any, config_yaml: str, num_clients: int,
                  reply_timeout_s: Optional[float] = None, join_timeout_s: float = 600.0,
-                 rejoin_timeout_s: float = 0.0) -> None:
+                 rejoin_timeout_s: float = 0.0, mode: str = "simulation", site_keys: Optional[SiteKeys] = None) -> None:
+        if mode not in ("deployment", "simulation"):
+            raise ValueError(f"mode={mode!r}: 'deployment' or 'simulation'")
         self.view, self.grid, self.config_yaml, self.n = view, grid, config_yaml, num_clients
+        self.mode, self.site_keys = mode, site_keys
+        self.expected = validate.HelloExpected(
+            num_clients, view.rounds, view.fingerprint,
+            lambda c: client_backbone(view.runtime.clients.backbones, c),
+            "site" if mode == "deployment" else "partition")
         self.console, self.recorder = view.console, view.recorder
         timeout = reply_timeout_s or view.reply_timeout_s
         self.reply_timeout_s: Optional[float] = float(timeout) if timeout else None
@@ -86,13 +100,18 @@ class FlowerClients(NodeJoining, Clients):
         self.broken: dict[int, str] = {}  # clients whose site's data cannot be used: why
         self.identity_of: dict[int, str] = {}  # client id -> the identity of the node that first held it
         self.needs_public: set[int] = set()  # sites that have not got U yet
+        if mode == "deployment" and site_keys is None:
+            self.console.print("cosmos-pl: client ids are not bound to keys (no run config 'sites'): a node's "
+                               "partition-id and token are taken as it says them; name each client's key in a "
+                               "sites.toml under SuperNode authentication")
         self.join(0, wait=True)
         self.infos = [self.described[i] for i in range(self.n)]
 
     # ----------------------------------------------------------------- messages
     def send(self, message_type: str, contents: dict[int, RecordDict],
              timeout: Optional[float] = None) -> dict[int, Any]:
-        """One message per node; ``{node id: reply content or TaskFailure}`` (``timeout``: default ``reply_timeout_s``)."""
+        """One message per node; ``{node id: reply content or TaskFailure}`` (``timeout``: default
+        ``reply_timeout_s``). A reply that cannot be read, or none in time (:class:`NoReply`), is a TaskFailure."""
         nodes = list(contents)
         messages = [Message(contents[n], dst_node_id=n, message_type=message_type) for n in nodes]
         out: dict[int, Any] = {}
@@ -104,14 +123,17 @@ class FlowerClients(NodeJoining, Clients):
             src = sent.get(reply.metadata.reply_to_message_id)
             if src is None:  # a late reply to an earlier message
                 continue
-            if reply.has_error():
-                out[src] = TaskFailure(f"Flower error {reply.error.code}: {reply.error.reason}")
-            else:
-                out[src] = read_reply(reply.content)
+            try:
+                if reply.has_error():
+                    out[src] = TaskFailure(f"Flower error {reply.error.code}: {str(reply.error.reason)[:1000]}")
+                else:
+                    out[src] = read_reply(reply.content, self.n)
+            except Exception as err:  # noqa: BLE001 - a reply that cannot even be read fails its client only
+                out[src] = TaskFailure(f"rejected: malformed reply ({type(err).__name__}: {str(err)[:300]})")
         for node_id in nodes:
             if node_id not in out:
-                out[node_id] = TaskFailure(f"node {node_id} sent no reply within {timeout or 0:g} s (stopped or "
-                                           "unreachable)")
+                out[node_id] = NoReply(f"node {node_id} sent no reply within {timeout or 0:g} s (stopped or "
+                                       "unreachable)")
         return out
 
     def _exchange(self, rnd: int, stage: str, message_type: str,
@@ -149,22 +171,25 @@ class FlowerClients(NodeJoining, Clients):
             steps, records = carried[cid]
             failed = isinstance(reply, TaskFailure)
             # the node is gone (no reply), or restarted under its old id: it is greeted again next round
-            left = failed and (isinstance(reply, NodeRestarted) or reply.reason.startswith(("node ", "Flower error")))
+            left = failed and (isinstance(reply, (NodeRestarted, NoReply)) or reply.reason.startswith("Flower error"))
             if left and reply.step is None and steps:
                 reply = TaskFailure(reply.reason, steps[0][0].stage)  # no reply: the first carried step is unfinished
             out[cid] = reply
             if not failed and steps:
                 try:
-                    self._keep_losses(rnd, cid, steps, reply["losses"])
-                except (KeyError, TypeError, ValueError) as err:  # another version's reply: this client fails
-                    reply = out[cid] = TaskFailure(f"rejected: malformed reply ({type(err).__name__}: {err})",
+                    self._keep_losses(rnd, cid, steps, validate.losses(reply, len(steps)))
+                except Exception as err:  # noqa: BLE001 - a malformed reply (another version, a hostile node)
+                    reply = out[cid] = TaskFailure(f"rejected: malformed reply ({' '.join(str(err).split())[:300]})",
                                                    steps[0][0].stage)
                     failed = True
             sent = {k: wire.array_bytes(r) for k, r in records.items()}
             protocol = [b for k, b in sent.items() if not k.startswith("eval.")]
             evaluation = sum(b[0] for k, b in sent.items() if k.startswith("eval."))
             self.extra_bytes["evaluation"][cid] = self.extra_bytes["evaluation"].get(cid, 0) + evaluation
-            received = [] if failed else [wire.array_bytes(reply[k]) for k in ("arrays",) if k in reply]
+            try:
+                received = [] if failed else [wire.array_bytes(reply[k]) for k in ("arrays",) if k in reply]
+            except Exception:  # noqa: BLE001 - not an array record: rejected where it is used
+                received = []
             self.traffic.append({
                 "round": rnd, "client": cid, "message": message_type,
                 "stages": "+".join([st.stage for st, _ in steps] + [stage]),
@@ -179,14 +204,9 @@ class FlowerClients(NodeJoining, Clients):
         self.view.run_tasks.timer.add(rnd, stage, time.perf_counter() - start)
         return out
 
-    def _keep_losses(self, rnd: int, cid: int, steps: list, losses: Any) -> None:
-        kept = []
-        for j, (step, _) in enumerate(steps):
-            prefix = f"s{j}."
-            parts = {k[len(prefix):]: float(v) for k, v in losses.items() if k.startswith(prefix)}
-            if parts:
-                kept.append((step.stage, cid, parts))
-        self.view.report_losses(rnd, kept)
+    def _keep_losses(self, rnd: int, cid: int, steps: list, losses: list[dict[str, float]]) -> None:
+        """Report the carried steps' checked losses (:func:`cosmos_pl.flower.validate.losses`: one dict per step)."""
+        self.view.report_losses(rnd, [(step.stage, cid, parts) for (step, _), parts in zip(steps, losses) if parts])
 
     # ----------------------------------------------------------------- the interface
     def begin_round(self, rnd: int) -> None:
@@ -226,10 +246,11 @@ class FlowerClients(NodeJoining, Clients):
             for i, r in self._exchange(rnd, "weights", wire.WEIGHTS, {i: ({}, {}) for i in ids}).items():
                 try:
                     if not isinstance(r, TaskFailure):
-                        wire.check_declared(r["arrays"], {k: (tuple(v.shape), str(v.numpy().dtype)) for k, v in
-                                                          self.view.reference(i).items()})
+                        wire.check_declared(validate.record(r, "arrays", ArrayRecord),
+                                            {k: (tuple(v.shape), str(v.numpy().dtype)) for k, v in
+                                             self.view.reference(i).items()})
                     out[i] = r if isinstance(r, TaskFailure) else wire.record_to_tensors(r["arrays"])
-                except (KeyError, TypeError, ValueError) as err:
+                except Exception as err:  # noqa: BLE001 - whatever a node sends, it fails only its client
                     out[i] = TaskFailure(f"rejected: malformed upload ({type(err).__name__}: {err})", "upload")
             return out
         comm, server = self.view.communication, self.view.data
@@ -246,9 +267,10 @@ class FlowerClients(NodeJoining, Clients):
                 out[i] = TaskFailure(r.reason, r.step or "pseudo-labels")
                 continue
             try:
+                declared = validate.upload_config(r, server.num_classes, comm.upload_dtype)
                 wire.check_declared(r["arrays"], expected)
-                out[i] = wire.record_to_payload(r["arrays"], dict(r["config"]))
-            except (KeyError, TypeError, ValueError) as err:  # malformed: rejected like a bad upload
+                out[i] = wire.record_to_payload(r["arrays"], declared)
+            except Exception as err:  # noqa: BLE001 - malformed: rejected like a bad upload, its client only
                 out[i] = TaskFailure(f"rejected: malformed upload ({type(err).__name__}: {err})", "upload")
         return out
 
@@ -281,15 +303,14 @@ class FlowerClients(NodeJoining, Clients):
         for cid, reply in replies.items():
             if not isinstance(reply, TaskFailure):
                 try:
-                    info = dict(reply["config"])
-                    per_split, digest = wire.unpack_scores(reply["metrics"]), str(info["digest"])
-                except (KeyError, TypeError, ValueError) as err:  # another version's reply
-                    reply = TaskFailure(f"rejected: malformed reply ({type(err).__name__}: {err})")
+                    per_split, digest, failed_step = validate.scores(reply, models.get(cid, {}) if evaluate else ())
+                except Exception as err:  # noqa: BLE001 - another version's reply, or a hostile one
+                    reply = TaskFailure(f"rejected: malformed reply ({' '.join(str(err).split())[:300]})")
                 else:
                     self.reported[cid] = (rnd, digest)
                     scores.update({(cid, split): named for split, named in per_split.items()})
-                    if "failed_step" in info:  # a queued step failed on the node: the client failed the round
-                        failures[cid] = TaskFailure(str(info["failure"]), str(info["failed_step"]))
+                    if failed_step is not None:  # a queued step failed on the node: the client failed the round
+                        failures[cid] = TaskFailure(failed_step[1], failed_step[0])
                     continue
             if cid not in self._failed:
                 failures[cid] = TaskFailure(reply.reason, reply.step or "evaluation")

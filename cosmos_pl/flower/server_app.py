@@ -15,17 +15,25 @@ as the clients. Its settings come from Flower's run config (``[tool.flwr.app.con
   that round); it stops once each client has a node again. A node restarted under SuperNode authentication can come
   back only after the SuperLink has marked its old session offline (2 missed heartbeats of 30 s);
 - ``node-state-dir``: where nodes keep their committed models when their node config gives no ``state-dir``;
-- ``public``: a deployment whose sites hold their own data (node config ``data=<folder>``): the public set U and
-  the class list (``public.npz``, as ``cosmos-pl export-partition`` writes it). The server then loads no data set:
-  it holds U, the class list and what each node reports of its client, never a client's data; each node is sent U
-  once (its own disk keeps it by fingerprint). Empty: every node takes its partition of the configured data set.
+- ``simulation``: true for a run on Flower's simulation engine through a SuperLink (``flwr run .`` with a
+  simulation federation); ``flwr.simulation.run_simulation``'s in-memory grid is one without saying so;
+- ``public`` (a deployment: required): the public set U and the class list (``public.npz``, as ``cosmos-pl
+  export-partition`` writes it);
+- ``sites`` (a deployment): the operator's ``sites.toml``, naming which SuperNode key holds which client
+  (:mod:`cosmos_pl.flower.bindings`); without it client ids are not bound to keys (said in one line).
+
+A run is a simulation or a deployment. In a simulation each node takes its partition of the data set the config
+names, and the server builds the same federation (it knows the true groups, and reports them). In a deployment each
+site serves its own folder (node config ``data=<folder>``; a node without one refuses to join) and the ServerApp
+never constructs a client's data: it holds U, the class list and what each node reports of its client, and runs
+inside :func:`cosmos_pl.data.guard.no_client_data`, so any attempt to build client data in it raises. Each node is
+sent U once (its own disk keeps it by fingerprint).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import shlex
 import sys
 import threading
@@ -36,8 +44,9 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from cosmos_pl.errors import ConfigError, UserError  # no torch: a missing config fails before it is imported
+from cosmos_pl.flower.audit import audit_opens
 
-__all__ = ["app", "make_server_app", "fit_argv", "main"]
+__all__ = ["app", "make_server_app", "fit_argv", "main", "run_mode"]
 
 _PROJECT = Path(__file__).resolve().parents[2]
 
@@ -69,25 +78,6 @@ def fit_argv(run_config: dict[str, Any]) -> list[str]:
     if run_config.get("overwrite"):
         argv += ["--overwrite", "true"]
     return argv + shlex.split(str(run_config.get("args", "")))
-
-
-_AUDIT = "COSMOS_PL_AUDIT_OPENS"  # test-only: a file to list every path this process opens in (nothing reads it)
-
-
-def _audit_opens() -> None:
-    """With ``$COSMOS_PL_AUDIT_OPENS`` set, append every path this process opens to that file (Python's audit
-    hooks, :func:`sys.addaudithook`): how a test shows that the server never opens a client's file."""
-    path = os.environ.get(_AUDIT)
-    if not path or getattr(_audit_opens, "installed", False):
-        return
-    _audit_opens.installed = True
-    log = open(path, "a", buffering=1)
-
-    def hook(event: str, args: tuple) -> None:
-        if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
-            log.write(f"{os.fsdecode(args[0])}\n")
-
-    sys.addaudithook(hook)
 
 
 @contextlib.contextmanager
@@ -123,17 +113,41 @@ def _task_keepalive(grid: Grid, every_s: float = 5.0):
         stop.set()
 
 
-def main(grid: Grid, run_config: dict[str, Any]) -> None:
-    """Run ``cosmos-pl fit`` over the nodes connected to ``grid``.
+def run_mode(grid: Grid, run_config: dict[str, Any]) -> str:
+    """``"simulation"`` on Flower's in-memory grid (``flwr.simulation``) or with run config ``simulation=true``, else
+    ``"deployment"``.
 
     Raises:
-        UserError: a bad setting (an unknown or invalid flag in ``args`` is a ConfigError), missing data, nodes
-            that did not join, a round that failed (also printed as one ``cosmos-pl: error:`` line, which Flower's
-            run status repeats: ``flwr ls --run-id``).
+        ConfigError: a deployment without ``public``, or a simulation given ``public`` or ``sites``.
     """
-    _audit_opens()
+    simulated = bool(run_config.get("simulation")) or type(grid).__name__ == "InMemoryGrid"
+    if simulated:
+        given = [k for k in ("public", "sites") if run_config.get(k)]
+        if given:
+            raise ConfigError(f"run config {given[0]}={run_config[given[0]]!r} is for a deployment, and this run is a "
+                              "simulation (its nodes take their partition of the configured data set); drop it, or "
+                              "drop simulation=true")
+        return "simulation"
+    if not run_config.get("public"):
+        raise ConfigError("run config 'public' is empty, and this run is a deployment: its server holds only U and "
+                          "the class list, never a client's data; give public='<folder>/public.npz' as cosmos-pl "
+                          "export-partition wrote it (or simulation=true for Flower's simulation engine)")
+    return "deployment"
+
+
+def main(grid: Grid, run_config: dict[str, Any]) -> None:
+    """Run ``cosmos-pl fit`` over the nodes connected to ``grid``: a simulation, or a deployment whose ServerApp
+    builds no client data (module docstring).
+
+    Raises:
+        UserError: a bad setting (an unknown or invalid flag in ``args`` is a ConfigError; a deployment without
+            ``public``; a bad ``sites`` file), missing data, nodes that did not join, a round that failed (also
+            printed as one ``cosmos-pl: error:`` line, which Flower's run status repeats: ``flwr ls --run-id``).
+    """
+    audit_opens()
     try:
         argv = fit_argv(run_config)  # before the imports of torch and Lightning: a missing config fails at once
+        mode = run_mode(grid, run_config)
         from jsonargparse import ArgumentError
 
         from cosmos_pl.class_groups import parse_args
@@ -147,17 +161,26 @@ def main(grid: Grid, run_config: dict[str, Any]) -> None:
         except ArgumentError as err:  # an unknown key or a wrong type, as cosmos-pl fit reports it
             raise ConfigError(f"{err} (run config 'config' and 'args' are cosmos-pl fit's; options: cosmos-pl fit "
                               "--help)") from None
-        transport = functools.partial(FlowerClients, grid=grid,
+        site_keys = None
+        if run_config.get("sites"):
+            from cosmos_pl.flower.bindings import load_site_keys
+
+            site_keys = load_site_keys(str(run_config["sites"]), int(cfg.data.num_clients))
+        transport = functools.partial(FlowerClients, grid=grid, mode=mode, site_keys=site_keys,
                                       reply_timeout_s=float(run_config.get("reply-timeout", 0)) or None,
                                       join_timeout_s=float(run_config.get("join-timeout", 600)),
                                       rejoin_timeout_s=float(run_config.get("rejoin-timeout", 0)))
-        server = None
-        if run_config.get("public"):
-            from cosmos_pl.data import load_public
-            from cosmos_pl.federated.server_data import ServerData
+        if mode == "simulation":
+            with _task_keepalive(grid):
+                run_fit(cfg, parser, transport, None)  # the server builds the simulated federation
+            return
+        from cosmos_pl.data import load_public
+        from cosmos_pl.data.guard import no_client_data
+        from cosmos_pl.federated.server_data import ServerData
 
-            server = ServerData(*load_public(_config_path(str(run_config["public"]))))
-        with _task_keepalive(grid):
+        server = ServerData(*load_public(_config_path(str(run_config["public"]))))
+        with _task_keepalive(grid), no_client_data("a Flower deployment's server holds no client's data (its sites "
+                                                   "do): this is a bug in cosmos-pl"):
             run_fit(cfg, parser, transport, server)
     except UserError as err:
         print(f"cosmos-pl: error: {' '.join(str(err).split())}", flush=True)

@@ -5,9 +5,10 @@ Messages (Flower's Message API, one ``RecordDict`` each way):
 =======================  ==========================================================  ==============================
 message type             server -> node                                              node -> server
 =======================  ==========================================================  ==============================
-``query.hello``          the run's resolved config (YAML text), U's fingerprint      client id, its backbone and
-                                                                                     sizes, last committed round,
-                                                                                     model digest, U's fingerprint
+``query.hello``          the run's mode (deployment or simulation), its resolved     client id, its backbone and
+                         config (YAML text), U's fingerprint, run token, classes     sizes, last committed round,
+                                                                                     model digest, U's fingerprint,
+                                                                                     data mode (site/partition)
 ``query.public``         rows of U (uint8), their place and U's fingerprint: once,   whether U is complete
                          to a site that does not have U (counted as setup bytes)
 ``query.pseudo_labels``  round, kind (soft/hard), dtype, top-k, U's fingerprint      the encoded pseudo-labels
@@ -23,8 +24,9 @@ A client's training steps (LocalFit, Distill, JointFit, UnionFit, ProxFit, FineT
 the server sent for it, each encoded by its own class: :func:`cosmos_pl.objectives.wire.steps_to_wire`) need no reply
 of their own: they ride on the client's next message, which runs them first and replies their last-epoch losses. A
 round is then two messages per client (e.g. COSMOS's IFFT: local fit + pseudo-labels; distillation + scores), which
-matters where every message starts a ClientApp process (Flower 1.42). The models sent to be scored are counted apart from the protocol's bytes
-(``evaluation`` in traffic.csv and summary.json), so the protocol's bytes stay pseudo-labels only.
+matters where every message starts a ClientApp process (Flower 1.42). The models sent to be scored are counted apart
+from the protocol's bytes (``evaluation`` in traffic.csv and summary.json), so the protocol's bytes stay pseudo-labels
+only. Every reply is checked by :mod:`cosmos_pl.flower.validate` before anything in it is used.
 
 Arrays travel as ``ArrayRecord`` (numpy's format, no pickle); settings as ``ConfigRecord``; numbers back as
 ``MetricRecord``. Byte counts: :func:`array_bytes` gives the arrays' own bytes (what ``summary.json`` counts) and
@@ -41,9 +43,8 @@ from flwr.app import Array, ArrayRecord
 
 from cosmos_pl.communication import Payload
 
-__all__ = ["HELLO", "PUBLIC", "PSEUDO_LABELS", "WEIGHTS", "LOAD_WEIGHTS", "SCORES", "check_declared",
-           "payload_to_record", "record_to_payload", "tensors_to_record", "record_to_tensors", "array_bytes", "pack_scores",
-           "unpack_scores"]
+__all__ = ["HELLO", "PUBLIC", "PSEUDO_LABELS", "WEIGHTS", "LOAD_WEIGHTS", "SCORES", "array_bytes", "check_declared",
+           "pack_scores", "payload_to_record", "record_to_payload", "record_to_tensors", "tensors_to_record"]
 
 HELLO, PUBLIC, PSEUDO_LABELS = "query.hello", "query.public", "query.pseudo_labels"
 WEIGHTS, LOAD_WEIGHTS, SCORES = "query.weights", "train.load_weights", "evaluate.scores"
@@ -113,12 +114,3 @@ def pack_scores(per_split: dict[str, dict[str, dict[str, float]]]) -> dict[str, 
     """``{split: {model: {metric: value}}}`` as the flat ``{"split.model.metric": value}`` of a ``MetricRecord``."""
     return {f"{split}.{name}.{metric}": float(value) for split, named in per_split.items()
             for name, metrics in named.items() for metric, value in metrics.items()}
-
-
-def unpack_scores(metrics: Any) -> dict[str, dict[str, dict[str, float]]]:
-    """The inverse of :func:`pack_scores` (a node's ``evaluate.scores`` reply; NaN stays NaN: an empty split)."""
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    for key, value in metrics.items():
-        split, name, metric = key.split(".")
-        out.setdefault(split, {}).setdefault(name, {})[metric] = float(value)
-    return out

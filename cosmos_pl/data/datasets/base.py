@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from cosmos_pl.data.guard import check_client_data_allowed
 from cosmos_pl.errors import DataError
 
 __all__ = ["ImageData", "check_image_data", "ImageDataset", "data_not_found", "from_numpy", "torchvision_pair"]
@@ -46,6 +47,7 @@ class ImageData:
     source: str = ""
 
     def __post_init__(self) -> None:
+        check_client_data_allowed(f"the data set {self.name!r}")
         check_image_data(self)
 
     @property
