@@ -123,12 +123,21 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
                        for r in _rows(run_dir / "traffic.csv"))
 
         # round 1: once client 0's pseudo-labels have arrived, kill its SuperNode (and the ClientApp it started), and
-        # bring in a registered node, not the one named for client 0, that claims client 0
+        # bring in a registered node, not the one named for client 0, that claims client 0: the server greets it at
+        # the start of round 2, while client 0 has no node (its node comes back only once the refusal is recorded)
         wait_for(lambda: uploaded(1, 0), 600, "client 0's round-1 upload", procs)
         procs.kill("supernode_0")
         killed_at = time.monotonic() - start
-        supernode("supernode_0", 0, 0, sites / "client_0")  # the same command: its key, its state-dir
         supernode("impostor", 3, 0, elsewhere)
+
+        def impostor_refused() -> bool:
+            path = run_dir / "nodes.json"
+            return path.is_file() and any(f["node_id"] == node_ids[3] for f in
+                                          json.loads(path.read_text())["join_failures"])
+
+        wait_for(impostor_refused, 600, "the impostor's refusal", procs)
+        assert "0" not in json.loads((run_dir / "nodes.json").read_text())["clients"]  # client 0's node is down
+        supernode("supernode_0", 0, 0, sites / "client_0")  # the same command: its key, its state-dir
 
         # node 0's key is the killed node's: the SuperLink refuses it (the node exits) until it has marked the old
         # session offline (2 missed heartbeats of 30 s); a supervisor restarts it, and the server waits for it at
@@ -208,7 +217,7 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
                                     "client is held only by the key the operator named for it")
     assert reasons[node_ids[5]].startswith(f"hello from node {node_ids[5]} not accepted: field ")
     assert set(reasons) == {node_ids[3], node_ids[5]}  # the unregistered key never reached the server
-    assert any(f["node_id"] == node_ids[3] and f["round"] == 2 for f in nodes["join_failures"])  # node 0 was down
+    assert [f["round"] for f in nodes["join_failures"] if f["node_id"] == node_ids[3]] == [2]
     unregistered = (logs / "unregistered.log").read_text()
     assert "Failed to activate SuperNode." in unregistered, unregistered[-2000:]  # Flower's exit code 305
     rejoin = [j for j in nodes["joins"] if j["client"] == 0 and j["round"] == 2]
