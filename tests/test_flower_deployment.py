@@ -208,7 +208,7 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
 
     # who joined: the three sites, bound by key; every attack refused, with its reason, and the run went on
     nodes = json.loads((run_dir / "nodes.json").read_text())
-    assert (nodes["mode"], nodes["bound_by"]) == ("deployment", "key")
+    assert (nodes["mode"], nodes["bound_by"]) == ("deployment", "sites")
     assert nodes["clients"] == {"0": node_ids[0], "1": node_ids[1], "2": node_ids[2]}
     reasons = {}
     for f in nodes["join_failures"]:
@@ -222,4 +222,4 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
     assert "Failed to activate SuperNode." in unregistered, unregistered[-2000:]  # Flower's exit code 305
     rejoin = [j for j in nodes["joins"] if j["client"] == 0 and j["round"] == 2]
     assert len(rejoin) == 1 and rejoin[0]["committed_round"] == 0 and rejoin[0]["intact"] is True
-    assert all(j["bound_by"] == "key" for j in nodes["joins"])
+    assert {j["client"]: j["bound_by"] for j in nodes["joins"]} == {0: "key", 1: "key", 2: "node id"}

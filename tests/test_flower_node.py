@@ -240,9 +240,8 @@ def test_join_stops_early_once_every_node_answered_and_records_the_refusal(run_y
     reason = f"ConfigError: unknown node config key 'partiton-id' (did you mean 'partition-id'?): {_KEYS_HINT}"
     message = re.sub(r"within \d+\.\d s", "within T s", str(err.value))
     assert message == ("only 5 of 6 clients joined (missing: [5]): all 6 connected nodes answered within T s and 1 "
-                       "refused, so the server stopped waiting before join-timeout=60 s; start one SuperNode per "
-                       "client with --node-config 'partition-id=<client>' against this SuperLink; node 105 could "
-                       f"not join: {reason}")
+                       f"refused, so the server stopped waiting before join-timeout=60 s; node 105 could not join: "
+                       f"{reason}")
     waited = float(re.search(r"within (\d+\.\d) s", str(err.value)).group(1))
     assert 0 <= waited <= took + 0.05  # the real wait, printed to 0.1 s
 
@@ -624,3 +623,14 @@ def test_a_node_with_a_hello_fault_replies_a_malformed_hello_and_does_no_work(ru
     monkeypatch.setenv(faults.ENV, json.dumps([{"client": 3, "step": "hello", "kind": "mangled"}]))
     with pytest.raises(ValueError, match="unknown fault kind 'mangled'"):
         faults.load()
+
+
+def test_a_nodes_failure_is_also_printed_for_the_sites_own_log(capsys):
+    from cosmos_pl.flower.client_app import respond
+
+    def hello(content, context):
+        raise ValueError("node config data='/srv/x': no such folder")
+
+    reply = respond(hello, RecordDict(), None)
+    assert reply["error"]["reason"] == "ValueError: node config data='/srv/x': no such folder"
+    assert capsys.readouterr().err == "cosmos-pl node: hello: ValueError: node config data='/srv/x': no such folder\n"

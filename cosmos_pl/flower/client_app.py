@@ -15,6 +15,7 @@ close match; the server records the refusal as that node's join failure (``nodes
 
 from __future__ import annotations
 
+import sys
 from typing import Callable
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -32,7 +33,17 @@ audit_opens()  # test-only, and only with $COSMOS_PL_AUDIT_OPENS set (cosmos_pl.
 
 def respond(handler: Callable[[RecordDict, Context], RecordDict], content: RecordDict, context: Context) -> RecordDict:
     """``handler``'s reply to ``content``, or the error record the server reads as the client's failure: the
-    reason, and the stage (a carried step) or the client (a site whose data cannot be used) it concerns."""
+    reason, and the stage (a carried step) or the client (a site whose data cannot be used) it concerns. The error's
+    reason is also printed on stderr (``cosmos-pl node: <handler>: <reason>``), which the SuperNode's own log shows:
+    a site sees why it refused to join, not only the server."""
+    reply = _respond(handler, content, context)
+    if "error" in reply:
+        print(f"cosmos-pl node: {handler.__name__}: {reply['error']['reason']}", file=sys.stderr, flush=True)
+    return reply
+
+
+def _respond(handler: Callable[[RecordDict, Context], RecordDict], content: RecordDict,
+             context: Context) -> RecordDict:
     try:
         return handler(content, context)
     except node.NotSetUp as err:  # a restarted node under its old id: the server greets it again

@@ -46,7 +46,7 @@ class NodeJoining:
             NodesMissing: with ``wait``, a client has no node when it stops waiting; says which clients are missing,
                 how long it waited and why it stopped, and the first refusal's reason.
         """
-        start = time.monotonic()
+        start = said = time.monotonic()
         deadline = start + (self.join_timeout_s if wait else 0.0)
         refused = {} if refused is None else refused  # node id -> why it could not join (asked once per call)
         while True:
@@ -84,11 +84,21 @@ class NodeJoining:
                 else:
                     why = (f"waited the whole join-timeout={self.join_timeout_s:g} s ({waited:.1f} s) with "
                            f"{len(present)} node{'s' if len(present) != 1 else ''} connected")
-                first = next(iter(refused.items()), None)
-                refusal = "" if first is None else f"; node {first[0]} could not join: {first[1]}"
+                if refused:  # the nodes are there: what to fix is why they were refused
+                    first = next(iter(refused.items()))
+                    more = f" ({len(refused) - 1} more in nodes.json)" if len(refused) > 1 else ""
+                    advice = f"node {first[0]} could not join: {first[1]}{more}"
+                else:
+                    advice = ("start one SuperNode per client with --node-config 'partition-id=<client>' against "
+                              "this SuperLink")
                 raise NodesMissing(f"only {len(self.node_of)} of {self.n} clients joined (missing: {missing}): {why}; "
-                                   f"start one SuperNode per client with --node-config 'partition-id=<client>' "
-                                   f"against this SuperLink{refusal}")
+                                   f"{advice}")
+            if now - said >= 30:  # a long wait says what it waits for, not silence
+                said = now
+                self.console.print(f"round {rnd}: waiting for the nodes of clients "
+                                   f"{sorted(set(range(self.n)) - set(self.node_of))} ({len(self.node_of)} of "
+                                   f"{self.n} joined, {len(present)} connected, {len(refused)} refused; "
+                                   f"{waited:.0f} s of join-timeout={self.join_timeout_s:g} s)")
             time.sleep(max(0.0, min(1.0, deadline - time.monotonic())))
 
     def _send_public(self, rnd: int, chunk_bytes: int = 4 << 20) -> None:
@@ -116,7 +126,7 @@ class NodeJoining:
 
     def _write_nodes(self) -> None:
         self.recorder.write_json("nodes.json", {
-            "mode": self.mode, "bound_by": "key" if self.site_keys is not None else "token",
+            "mode": self.mode, "bound_by": "sites" if self.site_keys is not None else "token",
             "clients": {str(c): n for c, n in sorted(self.node_of.items())}, "joins": self.joins,
             "join_failures": self.join_failures})
 
@@ -166,7 +176,7 @@ class NodeJoining:
         intact = None if last is None else last == (committed, digest)
         self.joins.append({"round": rnd, "client": cid, "node_id": node_id, "committed_round": committed,
                            "digest": digest, "last_reported": None if last is None else list(last), "intact": intact,
-                           "bound_by": "key" if self.site_keys is not None else "token"})
+                           "bound_by": self._bound_by(cid)})
         self._write_nodes()
         if last is not None:
             state = "intact" if intact else f"NOT the one it reported (round {last[0]}, {last[1]})"
@@ -185,6 +195,12 @@ class NodeJoining:
         return (f"client {cid} was first held by another node (identity {first[:8]}...), and node {node_id} (identity "
                 f"{identity[:8]}...) claims it: a client id stays with the node that held it (restart that node on "
                 "its own state-dir, or give this one its own partition-id)")
+
+    def _bound_by(self, cid: int) -> str:
+        """How the holder of ``cid`` was checked: ``key`` or ``node id`` (named in ``sites``), else ``token``."""
+        if self.site_keys is None:
+            return "token"
+        return "node id" if isinstance(self.site_keys.holders.get(cid), int) else "key"
 
     def _nodes(self) -> dict[int, Optional[bytes]]:
         """The connected nodes: node id -> the public key the SuperLink registered for it (PEM; read only when

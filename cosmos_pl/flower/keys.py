@@ -148,7 +148,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "cosmos-pl flower-key
         return 2
     files = make_keys(Path(args.out), args.host, args.nodes)
     nodes = f", node_0 .. node_{args.nodes - 1} with their .pub" if args.nodes else ""
-    print(f"cosmos-pl: wrote {len(files)} files in {args.out}: ca.crt, server.pem/server.key (for "
+    print(f"cosmos-pl: wrote {len(files)} files in {args.out}: ca.crt and ca.key (the CA's key: keep it offline), "
+          f"server.pem/server.key (for "
           f"{', '.join(args.host) or 'localhost'}){nodes}")
     return 0
 
