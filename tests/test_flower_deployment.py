@@ -57,7 +57,8 @@ def test_readme_gives_the_commands_this_test_runs():
     text = README.read_text()
     for template in (SUPERLINK, REGISTER, SUPERNODE, SUBMIT):
         shown = template.format(host="A", port="9091", keys="keys", i="0", state="state", ca="ca.crt",
-                                key="keys/site_0", data="/srv/site_0", server="/srv/operator", run="runs/digits-sites")
+                                key="keys/site_0", data="/srv/site_0", server="/srv/operator", run="runs/digits-sites",
+                                clients=3)
         if template is SUPERNODE:
             shown = shown.replace("state-dir='state'", "state-dir='/var/lib/cosmos-pl'")
         assert shown in text, shown
@@ -116,7 +117,7 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
         failing = procs.start("failing_run", [sys.executable, "-m", "cosmos_pl.cli", "flower-run", str(repo_root),
                                               "cosmos", "--run-config", "config='configs/digits_flower.yaml'"],
                               tmp_path)
-        flwr = procs.start("flwr_run", argv(SUBMIT, server=operator, run=run_dir), repo_root)
+        flwr = procs.start("flwr_run", argv(SUBMIT, server=operator, run=run_dir, clients=CLIENTS), repo_root)
 
         def uploaded(rnd: int, client: int) -> bool:
             return any(r["round"] == str(rnd) and r["client"] == str(client) and r["message"] == "query.pseudo_labels"

@@ -76,7 +76,7 @@ def load() -> list[Fault]:
     if not text:
         return []
     # a hello fault's round is not read (a node is greeted when it joins): it may be left out
-    faults = [Fault(int(f["round"] if "round" in f or f.get("step") != "hello" else -1), int(f["client"]),
+    faults = [Fault(int(f.get("round", -1) if f.get("step") == "hello" else f["round"]), int(f["client"]),
                     str(f["step"]), str(f["kind"])) for f in json.loads(text)]
     for f in faults:
         if f.kind not in TASK_KINDS + UPLOAD_KINDS + HELLO_KINDS + ("drop",):

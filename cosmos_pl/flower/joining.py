@@ -148,7 +148,7 @@ class NodeJoining:
                 hello = validate.hello(reply, self.expected)
                 cid, identity = hello.info.id, hello.identity
         except Exception as err:  # noqa: BLE001 - whatever a node sends, it fails only its own join
-            reason = f"hello from node {node_id} not accepted: {' '.join(str(err).split())[:300]}"
+            reason = f"hello from node {node_id} not accepted: {validate.described(err)}"
             self.console.print(f"round {rnd}: {reason}; refused")
             return reason
         refusal = self._holder_refusal(cid, node_id, identity, public_key)

@@ -48,7 +48,7 @@ SUPERNODE = ("flower-supernode --superlink {host}:{port} --root-certificates {ca
              "{key} --node-config \"partition-id={i} data='{data}' state-dir='{state}'\"")
 SUBMIT = ("cosmos-pl flower-run . cosmos --stream --run-config \"config='configs/digits_flower.yaml' "
           "public='{server}/public.npz' sites='{server}/sites.toml' run-dir='{run}' rejoin-timeout=120 "
-          "args='--data.num_clients 3'\"")
+          "args='--data.num_clients {clients}'\"")
 
 
 def argv(template: str, **fields: Any) -> list[str]:
@@ -226,10 +226,7 @@ def main(args: Optional[Sequence[str]] = None) -> int:
                                                   key=site / "keys" / f"site_{i}", i=i, data=site / "data",
                                                   state=site / "state"), "--port", str(free_port())], site)
         run = root / "run"
-        submit = argv(SUBMIT, server=server, run=run).copy()
-        if opts.clients != 3:
-            submit[-1] = submit[-1].replace("--data.num_clients 3", f"--data.num_clients {opts.clients}")
-        flwr = procs.start("flower_run", submit, PROJECT)
+        flwr = procs.start("flower_run", argv(SUBMIT, server=server, run=run, clients=opts.clients), PROJECT)
         wait_for(lambda: flwr.poll() is not None, 540, "the run to end", procs)
         status = flwr.returncode
         log = (root / "logs" / "flower_run.log").read_text().splitlines()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from cosmos_pl.data import ClientData
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.initial_models import client_backbone, initial_model
 from cosmos_pl.files import atomic_save, atomic_write_text
+from cosmos_pl.flower.wire import HEX
 from cosmos_pl.models import count_parameters
 from cosmos_pl.models.personal import personal_model
 from cosmos_pl.objectives.runtime import ClientRuntime
@@ -41,16 +41,16 @@ _RUNS: dict[tuple[str, int], "NodeRun"] = {}  # per process, by (data key, clien
 _RACY_NS = 2_000_000_000
 
 
-def checked_hex(name: str, value: Any, max_len: int = 64) -> str:
+def checked_hex(name: str, value: Any) -> str:
     """``value``, a string the server sent that becomes part of a path on this node (the run token, U's
-    fingerprint), if it is lowercase hex of 1 to ``max_len`` digits: no ``/``, ``..`` or anything else a path could
-    be steered with.
+    fingerprint), if it is lowercase hex of 1 to 64 digits (:data:`cosmos_pl.flower.wire.HEX`): no ``/``, ``..`` or
+    anything else a path could be steered with.
 
     Raises:
         ValueError: any other value (a join refusal in a hello, the client's failure in a later message).
     """
-    if not isinstance(value, str) or not re.fullmatch(f"[0-9a-f]{{1,{int(max_len)}}}", value):
-        raise ValueError(f"the server sent {name}={value!r}: not a hex string of at most {max_len} digits; refusing "
+    if not isinstance(value, str) or not HEX.fullmatch(value):
+        raise ValueError(f"the server sent {name}={value!r}: not a hex string of at most 64 digits; refusing "
                          "it (it would become part of a path on this node)")
     return value
 

@@ -163,7 +163,8 @@ def node_site(context: Context, cfg: Any = None) -> Optional[Site]:
 
     Raises:
         ConfigError: the server sent no class list.
-        ValueError: U's fingerprint is not hex (:func:`checked_hex`: it names U's file on this node).
+        ValueError: U's fingerprint is not hex (:class:`~cosmos_pl.flower.node_data.Site` checks it: it names U's
+            file on this node).
     """
     folder = context.node_config.get("data")
     if not folder:
@@ -173,7 +174,7 @@ def node_site(context: Context, cfg: Any = None) -> Optional[Site]:
         raise ConfigError("node config data=...: the server sent no class list (a server of another cosmos-pl "
                           "version, or one that builds the clients' data itself); run the same version on both")
     return Site(str(folder), tuple(str(c) for c in source["classes"]), tuple(int(v) for v in source["public_shape"]),
-                checked_hex("public_fingerprint", source["public_fingerprint"]), state_dir(context) / "public")
+                source["public_fingerprint"], state_dir(context) / "public")  # Site refuses a non-hex one
 
 
 def _user() -> str:

@@ -129,7 +129,7 @@ class FlowerClients(NodeJoining, Clients):
                 else:
                     out[src] = read_reply(reply.content, self.n)
             except Exception as err:  # noqa: BLE001 - a reply that cannot even be read fails its client only
-                out[src] = TaskFailure(f"rejected: malformed reply ({type(err).__name__}: {str(err)[:300]})")
+                out[src] = TaskFailure(validate.rejection(err))
         for node_id in nodes:
             if node_id not in out:
                 out[node_id] = NoReply(f"node {node_id} sent no reply within {timeout or 0:g} s (stopped or "
@@ -179,8 +179,7 @@ class FlowerClients(NodeJoining, Clients):
                 try:
                     self._keep_losses(rnd, cid, steps, validate.losses(reply, len(steps)))
                 except Exception as err:  # noqa: BLE001 - a malformed reply (another version, a hostile node)
-                    reply = out[cid] = TaskFailure(f"rejected: malformed reply ({' '.join(str(err).split())[:300]})",
-                                                   steps[0][0].stage)
+                    reply = out[cid] = TaskFailure(validate.rejection(err), steps[0][0].stage)
                     failed = True
             sent = {k: wire.array_bytes(r) for k, r in records.items()}
             protocol = [b for k, b in sent.items() if not k.startswith("eval.")]
@@ -251,7 +250,7 @@ class FlowerClients(NodeJoining, Clients):
                                              self.view.reference(i).items()})
                     out[i] = r if isinstance(r, TaskFailure) else wire.record_to_tensors(r["arrays"])
                 except Exception as err:  # noqa: BLE001 - whatever a node sends, it fails only its client
-                    out[i] = TaskFailure(f"rejected: malformed upload ({type(err).__name__}: {err})", "upload")
+                    out[i] = TaskFailure(validate.rejection(err, "upload"), "upload")
             return out
         comm, server = self.view.communication, self.view.data
         config = {"kind": kind, "dtype": comm.upload_dtype, "top_k": comm.top_k or 0,
@@ -271,7 +270,7 @@ class FlowerClients(NodeJoining, Clients):
                 wire.check_declared(r["arrays"], expected)
                 out[i] = wire.record_to_payload(r["arrays"], declared)
             except Exception as err:  # noqa: BLE001 - malformed: rejected like a bad upload, its client only
-                out[i] = TaskFailure(f"rejected: malformed upload ({type(err).__name__}: {err})", "upload")
+                out[i] = TaskFailure(validate.rejection(err, "upload"), "upload")
         return out
 
     def load_weights(self, rnd: int, states: dict[int, dict[str, Any]]) -> dict[int, Any]:
@@ -305,7 +304,7 @@ class FlowerClients(NodeJoining, Clients):
                 try:
                     per_split, digest, failed_step = validate.scores(reply, models.get(cid, {}) if evaluate else ())
                 except Exception as err:  # noqa: BLE001 - another version's reply, or a hostile one
-                    reply = TaskFailure(f"rejected: malformed reply ({' '.join(str(err).split())[:300]})")
+                    reply = TaskFailure(validate.rejection(err))
                 else:
                     self.reported[cid] = (rnd, digest)
                     scores.update({(cid, split): named for split, named in per_split.items()})

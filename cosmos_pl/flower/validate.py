@@ -30,19 +30,30 @@ from typing import Any, Iterable, Optional
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 
 from cosmos_pl.federated.clients import ClientInfo
+from cosmos_pl.flower.wire import HEX
 
-__all__ = ["MAX_PARAMETERS", "MAX_SAMPLES", "MAX_TEXT", "Hello", "HelloExpected", "MalformedReply", "error_reply",
-           "hello", "losses", "record", "scores", "upload_config"]
+__all__ = ["HEX", "MAX_PARAMETERS", "MAX_SAMPLES", "MAX_TEXT", "Hello", "HelloExpected", "MalformedReply", "described",
+           "error_reply", "hello", "losses", "record", "rejection", "scores", "upload_config"]
 
 MAX_SAMPLES = 2**31 - 1  # a split's size: more than any data set a site holds, small enough to sum safely
 MAX_PARAMETERS = 10**11  # a model's parameter count
 MAX_TEXT = 1000  # characters of a reason, a stage or a name
-_HEX = re.compile(r"[0-9a-f]{1,64}")
 _SPLITS = ("test", "validation")
 
 
 class MalformedReply(ValueError):
     """A node's reply that the server does not use: the message names the field and what is wrong with it."""
+
+
+def described(err: BaseException) -> str:
+    """``err`` on one line of at most 300 characters (its type named, unless it is a :class:`MalformedReply`)."""
+    text = str(err) if isinstance(err, MalformedReply) else f"{type(err).__name__}: {err}"
+    return " ".join(text.split())[:300]
+
+
+def rejection(err: BaseException, what: str = "reply") -> str:
+    """The reason a node's reply is not used: ``rejected: malformed <what> (<err on one line>)``."""
+    return f"rejected: malformed {what} ({described(err)})"
 
 
 def record(content: Any, name: str, kind: type) -> Any:
@@ -81,7 +92,7 @@ def _text(rec: Any, key: str, pattern: Optional[re.Pattern] = None, max_len: int
         raise MalformedReply(f"field {key!r} is {_show(value)}, not text")
     if len(value) > max_len or (pattern is not None and not pattern.fullmatch(value)):
         raise MalformedReply(f"field {key!r} is {_show(value)}: not "
-                             + ("lowercase hex of 1 to 64 digits" if pattern is _HEX else f"text of at most {max_len} "
+                             + ("lowercase hex of 1 to 64 digits" if pattern is HEX else f"text of at most {max_len} "
                                 "characters"))
     return value
 
@@ -147,13 +158,13 @@ def hello(content: Any, expected: HelloExpected) -> Hello:
     if backbone != expected.backbones(cid):
         raise MalformedReply(f"client {cid} says its architecture is {backbone!r}; the run config gives it "
                              f"{expected.backbones(cid)!r}")
-    fingerprint = _text(cfg, "public_fingerprint", _HEX)
+    fingerprint = _text(cfg, "public_fingerprint", HEX)
     if fingerprint != expected.fingerprint:
         raise MalformedReply(f"the node's U has fingerprint {fingerprint}, the server's {expected.fingerprint}")
     info = ClientInfo(cid, backbone, _int(cfg, "train_size", 1, MAX_SAMPLES), _int(cfg, "test_size", 0, MAX_SAMPLES),
                       _int(cfg, "validation_size", 0, MAX_SAMPLES), _int(cfg, "parameters", 0, MAX_PARAMETERS))
-    return Hello(info, _int(cfg, "committed_round", -1, expected.rounds), _text(cfg, "digest", _HEX),
-                 _text(cfg, "identity", _HEX), _bool(cfg, "has_public"))
+    return Hello(info, _int(cfg, "committed_round", -1, expected.rounds), _text(cfg, "digest", HEX),
+                 _text(cfg, "identity", HEX), _bool(cfg, "has_public"))
 
 
 def error_reply(error: Any, num_clients: Optional[int] = None) -> tuple[str, Optional[str], Optional[int], str]:
@@ -236,7 +247,7 @@ def scores(content: Any, models: Iterable[str]) -> tuple[dict[str, dict[str, dic
             raise MalformedReply(f"score {key!r} is {_show(value)}, not a fraction in [0, 1] (or NaN: no samples)")
         per_split.setdefault(parts[0], {}).setdefault(parts[1], {})[parts[2]] = float(value)
     cfg = record(content, "config", ConfigRecord)
-    digest = _text(cfg, "digest", _HEX)
+    digest = _text(cfg, "digest", HEX)
     failure = None
     if "failed_step" in cfg:
         failure = (_text(cfg, "failed_step", max_len=100), _text(cfg, "failure"))

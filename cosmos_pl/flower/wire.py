@@ -35,6 +35,7 @@ their serialized size (the same plus numpy's header per array).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Optional
 
 import numpy as np
@@ -43,10 +44,13 @@ from flwr.app import Array, ArrayRecord
 
 from cosmos_pl.communication import Payload
 
-__all__ = ["HELLO", "PUBLIC", "PSEUDO_LABELS", "WEIGHTS", "LOAD_WEIGHTS", "SCORES", "array_bytes", "check_declared",
-           "pack_scores", "payload_to_record", "record_to_payload", "record_to_tensors", "tensors_to_record"]
+__all__ = ["HEX", "HELLO", "PUBLIC", "PSEUDO_LABELS", "WEIGHTS", "LOAD_WEIGHTS", "SCORES", "array_bytes",
+           "check_declared", "pack_scores", "payload_to_record", "record_to_payload", "record_to_tensors", "tensors_to_record"]
 
 HELLO, PUBLIC, PSEUDO_LABELS = "query.hello", "query.public", "query.pseudo_labels"
+#: A run token, U's fingerprint, a model digest or a node's token on the wire: lowercase hex, 1 to 64 digits (safe as
+#: a part of a path on a node).
+HEX = re.compile(r"[0-9a-f]{1,64}")
 WEIGHTS, LOAD_WEIGHTS, SCORES = "query.weights", "train.load_weights", "evaluate.scores"
 
 
