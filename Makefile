@@ -32,7 +32,7 @@ $(VENV)/.installed: pyproject.toml
 
 # the tests cover the Flower transport too: the `flower` extra (flwr with its simulation engine) comes with them;
 # on a fresh machine both targets' packages come in one install
-TEST_EXTRAS := '.[test,flower]'
+TEST_EXTRAS := '.[test,flower,docs]'
 $(VENV)/.installed-test: pyproject.toml
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(call INSTALL,$(TORCH) -e $(TEST_EXTRAS))
@@ -50,7 +50,7 @@ demo: venv data
 	$(VENV)/bin/cosmos-pl fit --config configs/fmnist_quickstart.yaml
 
 test: $(VENV)/.installed-test data
-	$(PY) -m pytest -n auto
+	$(PY) -m pytest -n auto --dist loadgroup --no-loadscope-reorder
 
 # A Flower deployment on localhost (TLS, SuperNode authentication, 3 sites each with only its own folder), two rounds
 # of COSMOS, then everything it started is stopped: cosmos_pl/flower/localhost.py

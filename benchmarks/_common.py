@@ -85,7 +85,7 @@ def ptc_uploads(config: Path, seed: int, num_clients: int, cache: Path, round0: 
     from cosmos_pl.algorithms.base import ServerResult
     from cosmos_pl.objectives.protocol import Upload
     from cosmos_pl.config import validate_config
-    from cosmos_pl.fit import round0_key
+    from cosmos_pl.config import round0_key
     from cosmos_pl.parsers import build_fit_parser
 
     class Uploads(COSMOS):  # COSMOS's first round up to its server step: the upload, kept

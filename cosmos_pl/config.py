@@ -35,7 +35,8 @@ from cosmos_pl.transforms import Transformations
 
 __all__ = [
     "DataConfig", "ClientConfig", "CommunicationConfig", "WandbConfig", "TrainerConfig", "ExecutorConfig",
-    "CompareConfig", "Transformations", "validate_config", "validate_against_data", "check_seed",
+    "CompareConfig", "SlurmConfig", "Transformations", "validate_config", "validate_against_data", "check_seed",
+    "round0_key",
 ]
 
 SEED_MAX = 2**32 - 1  # numpy and Lightning take unsigned 32-bit seeds
@@ -110,6 +111,9 @@ class WandbConfig:
         entity: W&B entity (team or user); None uses your default.
         name: run name; None uses the run directory's name.
         tags: run tags.
+        group: W&B run group (W&B's run table groups runs by it); `compare` sets it to the comparison's name
+            (the --out folder's name, or this setting when given), with the grid point for a grid's pairs.
+        job_type: W&B job type; `compare` sets it to the algorithm's short name (its table run: 'comparison').
     """
 
     mode: Literal["offline", "online", "disabled"] = "offline"
@@ -117,6 +121,8 @@ class WandbConfig:
     entity: Optional[str] = None
     name: Optional[str] = None
     tags: list[str] = field(default_factory=list)
+    group: Optional[str] = None
+    job_type: Optional[str] = None
 
     def __post_init__(self) -> None:
         """Raises ConfigError for a project name W&B rejects (found here, not when the run is synced)."""
@@ -153,6 +159,58 @@ class CompareConfig:
         for seed in self.seeds:
             check_seed("comparison.seeds", seed)
         check(self.jobs >= 1, "comparison.jobs", self.jobs, "must be >= 1")
+
+
+@dataclass
+class SlurmConfig:
+    """The Slurm jobs of `cosmos-pl compare --launcher slurm` (the `slurm` group; submitted with submitit).
+
+    Each pair is one job (one array per round-0 group, see cosmos_pl.compare.slurm); the resources below are per
+    job. A job that Slurm pre-empts or that reaches its time limit gets `signal_delay_s` seconds' notice, stops its
+    run after its last complete round and is requeued, then continues with `fit --resume`.
+
+    Args:
+        cluster: 'slurm'; or 'local' (submitit's local executor: the same jobs as processes on this machine,
+            requeue included, without a scheduler; jobs wait for their round 0 here instead of by a Slurm
+            dependency) or 'debug' (in this process, for a debugger).
+        partition: the Slurm partition (sbatch --partition); None: the cluster's default.
+        gpus_per_job: GPUs per job (sbatch --gpus-per-node); 0 for CPU-only jobs.
+        cpus_per_job: CPU cores per job (sbatch --cpus-per-task); also the pair's torch threads.
+        mem_gb: memory per job in GB (sbatch --mem); None: the partition's default.
+        time_min: the time limit per job in minutes (sbatch --time); a job that reaches it is requeued and resumes.
+        array_parallelism: how many jobs of one job array run at once (sbatch --array=...%N).
+        signal_delay_s: seconds of notice before the time limit (sbatch --signal=USR2@N): enough for the pair to
+            stop after its last complete round.
+        max_requeues: how many times a job that reached its time limit is requeued before it is reported failed
+            (pre-emptions do not count).
+        sbatch: extra sbatch arguments without the dashes, e.g. {account: myproj, qos: high, constraint: a100}.
+        setup: shell lines run in the job before the pair, e.g. ["module load cuda", "source .venv/bin/activate"].
+        folder: where submitit keeps the jobs' scripts, pickles and Slurm logs; None: OUT/slurm.
+    """
+
+    cluster: Literal["slurm", "local", "debug"] = "slurm"
+    partition: Optional[str] = None
+    gpus_per_job: int = 1
+    cpus_per_job: int = 8
+    mem_gb: Optional[float] = None
+    time_min: int = 240
+    array_parallelism: int = 16
+    signal_delay_s: int = 120
+    max_requeues: int = 3
+    sbatch: dict[str, Any] = field(default_factory=dict)
+    setup: list[str] = field(default_factory=list)
+    folder: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        """Raises ConfigError for a count or time out of range."""
+        check(self.gpus_per_job >= 0, "slurm.gpus_per_job", self.gpus_per_job, "must be >= 0 (0: CPU-only jobs)")
+        check(self.cpus_per_job >= 1, "slurm.cpus_per_job", self.cpus_per_job, "must be >= 1")
+        check(self.mem_gb is None or self.mem_gb > 0, "slurm.mem_gb", self.mem_gb, "must be > 0, or null")
+        check(self.time_min >= 1, "slurm.time_min", self.time_min, "must be >= 1 (minutes)")
+        check(self.array_parallelism >= 1, "slurm.array_parallelism", self.array_parallelism, "must be >= 1")
+        check(0 <= self.signal_delay_s < 60 * self.time_min, "slurm.signal_delay_s", self.signal_delay_s,
+              "must be >= 0 and shorter than slurm.time_min")
+        check(self.max_requeues >= 0, "slurm.max_requeues", self.max_requeues, "must be >= 0")
 
 
 def _check_batch_of_one(key: str, batch_size: int, backbones: list[str]) -> None:
@@ -232,6 +290,8 @@ def validate_config(init: Namespace) -> None:
     resolve_devices(init.executor.devices, accelerator)
     cache = init.get("round0_cache")
     check(not cache or not Path(cache).is_file(), "round0_cache", cache, "is an existing file; give a folder")
+    check(not init.get("round0_only") or cache, "round0_only", True,
+          "needs --round0_cache FOLDER (where round 0's client models are kept)")
 
 
 def validate_against_data(init: Namespace, num_classes: int) -> None:
@@ -246,3 +306,23 @@ def validate_against_data(init: Namespace, num_classes: int) -> None:
     metric = init.get("headline_metric", "top1")
     check(metric != "top5" or num_classes >= 20, "headline_metric", metric,
           f"top-5 accuracy is recorded for data sets of M >= 20 classes and this one has M = {num_classes}: use top1")
+
+
+def round0_key(cfg: Namespace, threads: int) -> str:
+    """The settings that decide round 0 (data and partition, clients' models and pre-training, augmentation,
+    numerics), as text; with what they resolved to on this machine: the device ``trainer.accelerator`` names
+    (``auto`` is the GPU on one machine and the CPU on another) and ``threads``, the torch CPU threads per task
+    (sums are added in another order with another thread count), so a round 0 trained elsewhere is not reused."""
+    import json
+
+    from cosmos_pl.models import BACKBONE_REVISION
+    from cosmos_pl.training.config import resolve_device
+
+    parts = {k: cfg[k] for k in ("seed", "data", "transformations", "trainer")}
+    parts["backbone_revision"] = BACKBONE_REVISION  # models saved under another definition are not reused
+    device = resolve_device(cfg.trainer.accelerator).type
+    parts["resolved"] = {"device": device, "threads": threads if device == "cpu" else None}
+    clients = cfg.clients.clone()
+    del clients["local_epochs"], clients["distill_epochs"], clients["distill_optimizer"]
+    parts["clients"] = clients
+    return json.dumps(Namespace(parts).as_dict(), sort_keys=True, default=str)

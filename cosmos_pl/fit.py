@@ -3,8 +3,8 @@
 :func:`run_fit` locks the run directory, checks every setting before any data is loaded, and runs the rounds
 (:class:`~cosmos_pl.federated.runner.Runner`), in-process or over another transport (the Flower ServerApp passes
 its clients); it writes config.yaml, partition.json, the records and the final line. :func:`resume_config` is the
-config a ``fit --resume RUN_DIR`` continues with (the run's own config.yaml); :func:`round0_key` the settings that
-decide round 0 (the round-0 cache's key); :func:`resume_line` what a stopped run says about resuming.
+config a ``fit --resume RUN_DIR`` continues with (the run's own config.yaml); :func:`resume_line` what a stopped run
+says about resuming. The round-0 cache's key is :func:`cosmos_pl.config.round0_key`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any, Callable, Optional
 from jsonargparse import ArgumentParser, Namespace
 
 from cosmos_pl.algorithms import Algorithm
-from cosmos_pl.config import DataConfig, validate_against_data, validate_config
+from cosmos_pl.config import DataConfig, round0_key, validate_against_data, validate_config
 from cosmos_pl.errors import ConfigError, UserError
 from cosmos_pl.signals import Interrupted
 
-__all__ = ["run_fit", "final_line", "resume_config", "resume_line", "round0_key"]
+__all__ = ["run_fit", "final_line", "resume_config", "resume_line"]
 
 
 def _default_run_dir(cfg: Namespace) -> Path:
@@ -97,7 +97,8 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
     algorithm: Algorithm = init.algorithm
     run_path = run_dir.path
     tracker = Tracker(init.wandb.mode, run_path, _plain(cfg), init.wandb.project, init.wandb.entity, init.wandb.name,
-                      init.wandb.tags, run_id=None if resume is None else resume.get("wandb_run_id"))
+                      init.wandb.tags, run_id=None if resume is None else resume.get("wandb_run_id"),
+                      group=init.wandb.group, job_type=init.wandb.job_type)
     try:
         seed_everything(init.seed, verbose=False)
         data_cfg: DataConfig = init.data
@@ -132,6 +133,10 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
         runner.last_checkpoint = resume_path
         try:
             cache = Path(cfg.round0_cache) if cfg.round0_cache else None
+            if cfg.get("round0_only"):
+                runner.pretrain_only(cache, round0_key(cfg, runner.executor.threads))
+                console.print(f"round 0 trained into {cache}")
+                return {}
             summary = runner.run(cache, round0_key(cfg, runner.executor.threads), resume)
         except Interrupted as err:
             err.run_dir, err.last_round = run_path, checkpoint.latest_round(run_path)
@@ -176,26 +181,6 @@ def final_line(summary: dict[str, Any], scored: str) -> str:
     if summary["clusters"]["K"] is not None:
         parts.append(f"K = {summary['clusters']['K']}, ARI = {summary['clusters']['adjusted_rand_index']}")
     return "; ".join(parts)
-
-
-def round0_key(cfg: Namespace, threads: int) -> str:
-    """The settings that decide round 0 (data and partition, clients' models and pre-training, augmentation,
-    numerics), as text; with what they resolved to on this machine: the device ``trainer.accelerator`` names
-    (``auto`` is the GPU on one machine and the CPU on another) and ``threads``, the torch CPU threads per task
-    (sums are added in another order with another thread count), so a round 0 trained elsewhere is not reused."""
-    import json
-
-    from cosmos_pl.models import BACKBONE_REVISION
-    from cosmos_pl.training.config import resolve_device
-
-    parts = {k: cfg[k] for k in ("seed", "data", "transformations", "trainer")}
-    parts["backbone_revision"] = BACKBONE_REVISION  # models saved under another definition are not reused
-    device = resolve_device(cfg.trainer.accelerator).type
-    parts["resolved"] = {"device": device, "threads": threads if device == "cpu" else None}
-    clients = cfg.clients.clone()
-    del clients["local_epochs"], clients["distill_epochs"], clients["distill_optimizer"]
-    parts["clients"] = clients
-    return json.dumps(Namespace(parts).as_dict(), sort_keys=True, default=str)
 
 
 _NOT_CONFIG = ("config", "resume", "run_dir", "overwrite", "__path__")

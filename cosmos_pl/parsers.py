@@ -19,6 +19,7 @@ from cosmos_pl.config import (
     CompareConfig,
     DataConfig,
     ExecutorConfig,
+    SlurmConfig,
     TrainerConfig,
     Transformations,
     WandbConfig,
@@ -50,6 +51,9 @@ def build_fit_parser() -> ArgumentParser:
     p.add_argument("--round0_cache", type=Optional[str], default=None,
                    help="Folder keeping trained round-0 client models by a hash of the settings that decide them; "
                         "runs with the same hash load them instead of training (cosmos-pl compare sets it).")
+    p.add_argument("--round0_only", type=bool, default=False,
+                   help="Train round 0 into --round0_cache and stop: no rounds and no records beyond config.yaml and "
+                        "partition.json (cosmos-pl compare --launcher slurm runs its round-0 jobs so).")
     p.add_argument("--rounds", type=int, default=3,
                    help="R: communication rounds after round 0 (COSMOS: round 1 is the PTC phase, rounds 2.. IFFT).")
     p.add_argument("--clients_per_round", type=Optional[Union[int, float]], default=None,
@@ -95,6 +99,11 @@ def build_compare_parser() -> ArgumentParser:
                         "setting (data.partitioner.init_args.alpha) or an algorithm's (algorithm.init_args.lambda_, "
                         "or lambda_, b0, temperature, aggregation): each point gets OUT/<name>=<value>/ with its "
                         "report, then OUT/grid.md and OUT/grid_<name>.png.")
+    p.add_argument("--launcher", type=Literal["local", "slurm"], default="local",
+                   help="Where the pairs run: 'local' (on this machine, --jobs side by side) or 'slurm' (each pair a "
+                        "Slurm job submitted with submitit, resources from the slurm group; round 0 once per seed "
+                        "as a job the pairs depend on; a pre-empted or timed-out job requeues itself and resumes).")
+    p.add_class_arguments(SlurmConfig, "slurm")
     p.add_argument("--dry_run", type=bool, default=False,
                    help="Check every pair's config as a run would, print what would run (with --grid: per point), and "
                         "exit 0; runs nothing and writes nothing under --out.")

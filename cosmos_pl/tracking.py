@@ -46,8 +46,13 @@ class Tracker:
         mode: 'offline', 'online' or 'disabled'.
         run_dir: the run directory; W&B files go to ``run_dir/wandb``.
         config: the resolved experiment config (a plain dict).
-        project, entity, name, tags: passed to ``wandb.init``.
+        project: the W&B project, passed to ``wandb.init``.
+        entity: the W&B entity (team or user); None: your default.
+        name: the run's name; None: the run directory's name.
+        tags: the run's tags.
         run_id: continue this W&B run (``cosmos-pl fit --resume``: the id kept in the checkpoint); None: a new run.
+        group: the W&B run group (``compare`` sets the comparison's name, so W&B's run table groups its runs).
+        job_type: the W&B job type (``compare`` sets the algorithm's short name; its table run 'comparison').
 
     Raises:
         TrackingError: wandb cannot start: not installed, no API key in online mode, the server not reached
@@ -56,7 +61,8 @@ class Tracker:
     """
 
     def __init__(self, mode: str, run_dir: Path, config: dict[str, Any], project: str,
-                 entity: str | None, name: str | None, tags: list[str], run_id: str | None = None) -> None:
+                 entity: str | None, name: str | None, tags: list[str], run_id: str | None = None,
+                 group: str | None = None, job_type: str | None = None) -> None:
         self.run = None
         if mode == "disabled":
             return
@@ -75,7 +81,8 @@ class Tracker:
         try:
             self.run = wandb.init(
                 mode=mode, dir=str(run_dir), project=project, entity=entity,
-                name=name or run_dir.name, tags=tags, config=config, reinit="finish_previous",
+                name=name or run_dir.name, tags=tags, config=config, reinit="finish_previous", group=group,
+                job_type=job_type,
                 settings=wandb.Settings(init_timeout=timeout),
                 **({"id": run_id, "resume": "allow"} if run_id else {}),
             )
@@ -84,8 +91,9 @@ class Tracker:
             raise TrackingError(f"wandb.mode={mode!r}: W&B did not start ({type(err).__name__}: {reason}); "
                                 f"{_OFFLINE_HINT}; on a slow network raise WANDB_INIT_TIMEOUT (now {timeout:g} s)"
                                 ) from None
-        self.run.define_metric("round")
-        self.run.define_metric("*", step_metric="round")
+        if job_type != "comparison":  # a pair's run is stepped by round; a comparison's table run has no rounds
+            self.run.define_metric("round")
+            self.run.define_metric("*", step_metric="round")
 
     @property
     def run_id(self) -> str | None:
@@ -95,6 +103,13 @@ class Tracker:
     def log_round(self, row: dict[str, Any]) -> None:
         if self.run is not None:
             self.run.log({k: v for k, v in row.items() if isinstance(v, (int, float)) and v is not None})
+
+    def log_table(self, key: str, columns: list[str], rows: list[list[Any]]) -> None:
+        """Log ``rows`` (one list per row, in ``columns`` order) as the W&B table ``key``."""
+        if self.run is not None:
+            import wandb
+
+            self.run.log({key: wandb.Table(columns=columns, data=rows)})
 
     def summary(self, summary: dict[str, Any]) -> None:
         if self.run is not None:

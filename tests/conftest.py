@@ -39,20 +39,17 @@ def repo_root():
     return Path(__file__).resolve().parents[1]
 
 
-# The Flower tests are the longest (a localhost deployment, a simulation) and mostly wait on other processes: started
-# first, on different workers, they overlap with the rest of the suite instead of running alone at its end.
-# pytest-xdist hands each of its W workers a first chunk of max(2, N // W // 4) consecutive tests: the deployment
-# opens the first chunk, the simulation the second.
-_FIRST = ("test_flower_deployment.py", "test_flower_simulation.py")
+# The Flower tests are the longest (a localhost deployment, a simulation): started at once, on different workers,
+# they overlap with the rest of the suite instead of running alone at its end. `make test` runs `pytest --dist
+# loadgroup --no-loadscope-reorder`: a module whose tests share a costly module fixture is one group (`xdist_group`),
+# given whole to one worker; the work goes out in this order, the first unit to the first worker, the second to the
+# second, then to whichever worker has at most two tests waiting. So the deployment and the simulation come first.
+_FIRST = ("test_tls_deployment_of_sites_with_their_own_data_and_keys", "test_simulation_metrics_equal_the_in_process_run")
 
 
 def pytest_collection_modifyitems(config, items):
-    first = [item for name in _FIRST for item in items if item.path.name == name]
-    rest = [item for item in items if item.path.name not in _FIRST]
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    chunk = max(2, len(items) // workers // 4) if workers > 1 else 1
-    order = first[:1] + rest[:chunk - 1] + first[1:] + rest[chunk - 1:]
-    items[:] = order
+    first = [item for name in _FIRST for item in items if item.name == name]
+    items[:] = first + [item for item in items if item.name not in _FIRST]
 
 
 # ----------------------------------------------------------------------------------- runs shared by the whole run

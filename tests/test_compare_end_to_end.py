@@ -1,8 +1,16 @@
-"""`cosmos-pl compare` on digits: two algorithms x two seeds, every file it writes, and a rerun that skips."""
+"""`cosmos-pl compare` on digits: two algorithms x two seeds, every file it writes, and a rerun that skips; the same
+comparison through `--launcher slurm` (submitit's local executor), one job pre-empted, and W&B's offline runs."""
 
 import csv
 import json
+import os
+import re
 import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -13,14 +21,17 @@ FAST = ["--rounds", "1", "--data.num_clients", "5", "--clients.pretrain_epochs",
         "--algorithm.teacher_epochs", "1", "--wandb.mode", "disabled"]
 
 
-pytestmark = pytest.mark.slow  # every test here reads one compare of 4 pairs, each a fit process
+# every test here reads one compare of 4 pairs (each a fit process) or its Slurm twin: one worker computes them
+# (`pytest --dist loadgroup`, as `make test` runs it; a module fixture is otherwise made again on every worker)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("compare")]
 
 
 @pytest.fixture(scope="module")
 def compared(repo_root, tmp_path_factory):
-    out = tmp_path_factory.mktemp("compare") / "out"
+    """cosmos and fedmd x seeds 0, 1 with --launcher local, two pairs side by side, W&B offline."""
+    out = tmp_path_factory.mktemp("compare") / "digits-ab"
     argv = ["compare", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--algorithms", "cosmos,fedmd",
-            "--seeds", "0,1", "--jobs", "2", "--out", str(out), *FAST]
+            "--seeds", "0,1", "--jobs", "2", "--out", str(out), *FAST, "--wandb.mode", "offline"]
     assert main(argv) == 0
     return out, argv
 
@@ -33,6 +44,16 @@ def test_every_pair_and_report_file_is_written(compared):
             assert (run / f).is_file(), (name, f)
     for f in ("comparison.md", "comparison.csv", "communication.md", "accuracy_vs_round.png"):
         assert (out / f).is_file(), f
+
+
+def test_a_pairs_log_without_a_terminal_has_progress_lines_and_no_blank_line(compared):
+    """Each pair's fit writes to log.txt (no terminal): every stage of every round ends with one plain line, and
+    no line is empty (where a transient progress bar once left one)."""
+    out, _ = compared
+    for log in (out / "runs").glob("*/log.txt"):
+        lines = log.read_text().splitlines()
+        assert all(line.strip() for line in lines), log
+        assert any(re.fullmatch(r"round 1: .+: \d+/\d+ tasks in \d+ s", line) for line in lines), log
 
 
 def test_pairs_of_a_seed_share_the_partition_and_round_zero(compared):
@@ -101,3 +122,138 @@ def test_an_interrupted_pair_resumes_from_its_last_round(compared, tmp_path, cap
     original = out / "runs" / "cosmos-seed0"
     for name in ("metrics.csv", "clients.csv"):
         assert (pair / name).read_bytes() == (original / name).read_bytes(), name
+
+
+def _pid_of(*parts: str) -> Optional[int]:
+    """The pid of a process whose command line holds every one of ``parts`` (Linux /proc), or None."""
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if proc.name.isdigit() and all(any(part in arg for arg in cmdline) for part in parts):
+            return int(proc.name)
+    return None
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _preempt_when(checkpoint: Path, pair_yaml: Path, done: dict) -> None:
+    """Once ``checkpoint`` exists, send the pair's Slurm job (the submitit process that runs the pair's ``fit``)
+    the signal Slurm sends before pre-emption or the time limit, as Slurm would."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not checkpoint.exists():
+        time.sleep(0.05)
+    fit = _pid_of("cosmos_pl.cli", "fit", str(pair_yaml))
+    if fit is not None and not (pair_yaml.parent / "summary.json").exists():
+        os.kill(_parent(fit), signal.SIGUSR2)
+        done["signalled"] = True
+
+
+@pytest.fixture(scope="module")
+def on_slurm(compared, tmp_path_factory):
+    """cosmos's pairs of the same comparison through `--launcher slurm` with submitit's local executor (jobs as
+    processes, requeue included); seed 0's job is pre-empted once its round 0 is checkpointed."""
+    _, argv = compared
+    out = tmp_path_factory.mktemp("slurm") / "out"
+    at = argv.index("--out")
+    pair = out / "runs" / "cosmos-seed0"
+    done: dict = {}
+    watcher = threading.Thread(target=_preempt_when,
+                               args=(pair / "checkpoints" / "round-0000.pt", pair / "pair.yaml", done), daemon=True)
+    watcher.start()
+    slurm_argv = [*argv[:at], "--out", str(out), *argv[at + 2:], "--algorithms", "cosmos", "--launcher", "slurm",
+                  "--slurm.cluster", "local", "--slurm.cpus_per_job", "1", "--executor.workers_per_device", "1",
+                  "--slurm.time_min", "20", "--wandb.mode", "disabled"]
+    assert main(slurm_argv) == 0
+    watcher.join()
+    return out, done
+
+
+def test_slurm_launcher_gives_the_local_launchers_numbers(compared, on_slurm):
+    """--launcher slurm (submitit's local executor, 1 CPU per job) and --launcher local --jobs 2 (1 thread per
+    pair) run the same pair configs: cosmos's row of the comparison is the same, number for number (only the
+    marks, which weigh cosmos against the baselines the Slurm run left out, may differ); round 0 ran as one job
+    per seed, and both pairs loaded it."""
+    local, _ = compared
+    out, _ = on_slurm
+
+    def cosmos_row(folder):
+        with open(folder / "comparison.csv") as f:
+            row = next(r for r in csv.DictReader(f) if r["algorithm"] == "cosmos")
+        return {k: v for k, v in row.items() if k not in ("dagger", "paired_above_zero")}
+
+    assert cosmos_row(out) == cosmos_row(local)
+    assert "| cosmos" in (out / "comparison.md").read_text()
+    assert sorted(p.name for p in (out / "round0" / "jobs").iterdir()) == ["seed0-0", "seed1-1"]
+    for seed in (0, 1):
+        assert "round 0: client models loaded from" in (out / "runs" / f"cosmos-seed{seed}" / "log.txt").read_text()
+
+
+def test_a_preempted_slurm_job_requeues_and_resumes_to_the_same_numbers(compared, on_slurm):
+    """The pre-empted job stopped its pair after round 0, submitit requeued it, and the pair went on with
+    `fit --resume`: its records equal the uninterrupted local run's byte for byte."""
+    local, _ = compared
+    out, done = on_slurm
+    assert done.get("signalled"), "the pair finished before the pre-emption signal could be sent"
+    pair = out / "runs" / "cosmos-seed0"
+    assert "resumed after round 0" in (pair / "log.txt").read_text()
+    job_logs = "".join(p.read_text(errors="replace") for p in (out / "slurm").glob("*_log.out"))
+    assert "Requeued job" in job_logs
+    for name in ("metrics.csv", "clients.csv"):
+        assert (pair / name).read_bytes() == (local / "runs" / "cosmos-seed0" / name).read_bytes(), name
+
+
+def test_wandb_groups_the_comparison_and_logs_its_table(compared):
+    """Read back from the offline run files: every pair's run has the comparison's group (the --out folder's
+    name), its algorithm as job type and its seed in the config; the table run holds comparison.csv."""
+    from wandb_records import records
+
+    out, _ = compared
+    for alg in ("cosmos", "fedmd"):
+        for seed in (0, 1):
+            files = sorted((out / "runs" / f"{alg}-seed{seed}" / "wandb").glob("offline-run-*/run-*.wandb"))
+            assert files, (alg, seed)
+            for f in files:  # a resumed pair continues its W&B run: one more offline folder, the same run
+                run = next(r.run for r in records(f) if r.WhichOneof("record_type") == "run")
+                config = {i.key: json.loads(i.value_json) for i in run.config.update}
+                assert (run.run_group, run.job_type, config["seed"]) == ("digits-ab", alg, seed), f
+    table_runs = sorted((out / "wandb").glob("offline-run-*/run-*.wandb"))  # one per report written (a rerun: 2)
+    assert table_runs
+    with open(out / "comparison.csv") as f:
+        rows = list(csv.reader(f))
+    for table_run in table_runs:
+        run = next(r.run for r in records(table_run) if r.WhichOneof("record_type") == "run")
+        assert (run.run_group, run.job_type) == ("digits-ab", "comparison")
+        [table] = table_run.parent.glob("files/media/table/comparison_*.table.json")
+        logged = json.loads(table.read_text())
+        assert logged["columns"] == rows[0]
+        for got, want in zip(logged["data"], rows[1:], strict=True):
+            assert got[0] == want[0] and got[4] == pytest.approx(float(want[4]))  # algorithm, final_mean
+
+
+def test_a_failed_slurm_job_names_its_slurm_log(tmp_path):
+    """A job that ended without a result (cancelled, or timed out too many times) is reported with its state and
+    its Slurm log; a pair that failed inside its job keeps its own reason, with the Slurm log added."""
+    from cosmos_pl.compare.slurm import _failure
+
+    class Job:
+        job_id, state = "42_3", "TIMEOUT"
+        paths = type("Paths", (), {"stdout": tmp_path / "42_3_0_log.out"})
+
+        def __init__(self, outcome):
+            self.outcome = outcome
+
+        def result(self):
+            if isinstance(self.outcome, Exception):
+                raise self.outcome
+            return self.outcome
+
+    assert _failure(Job(None), "the pair's") is None
+    text = _failure(Job(RuntimeError("Job not requeued because: timed-out too many times.")), "the pair's")
+    assert text == (f"the pair's Slurm job 42_3 ended TIMEOUT: Job not requeued because: timed-out too many "
+                    f"times. (Slurm log: {tmp_path / '42_3_0_log.out'})")
+    assert _failure(Job("exit status 2: boom (log: x)"), "the pair's") == \
+        f"exit status 2: boom (log: x) (Slurm log: {tmp_path / '42_3_0_log.out'})"

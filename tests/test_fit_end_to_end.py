@@ -195,7 +195,7 @@ def test_validation_split_is_scored_every_round(repo_root, tmp_path):
 def test_round0_cache_key_names_what_decides_round0(repo_root):
     import torch
 
-    from cosmos_pl.fit import round0_key
+    from cosmos_pl.config import round0_key
     from cosmos_pl.models import BACKBONE_REVISION
     from cosmos_pl.parsers import build_fit_parser
 

@@ -1,4 +1,4 @@
-"""A real deployment on localhost, as README's "Deployment" section runs it on real machines: TLS, SuperNode
+"""A real deployment on localhost, as docs/deployment.md runs it on real machines: TLS, SuperNode
 authentication, each site with its own key and only its own folder, client ids bound to keys by the operator's
 sites.toml; a SuperLink and the SuperNodes as subprocesses (cosmos_pl/flower/localhost.py, as `make deploy-demo`),
 COSMOS submitted with ``cosmos-pl flower-run``. It audits both sides and tries the attacks a node can make.
@@ -41,7 +41,7 @@ from cosmos_pl.flower.localhost import (REGISTER, SUBMIT, SUPERLINK, SUPERNODE, 
 pytestmark = pytest.mark.slow  # subprocess runs, or a Flower federation
 
 CLIENTS = 3
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "deployment.md"
 # client 0's node is killed after its round-1 upload (its distillation never runs); client 1's node corrupts its
 # round-2 upload (a node-side test fault); the in-process reference gets the same faults
 DRILL = [{"round": 1, "client": 0, "step": "client distillation", "kind": "raise"},

@@ -1,4 +1,4 @@
-"""README's worked example of a new objective (FedProx) runs as written, and at ``mu = 0`` its round ends on
+"""The worked example (docs/extending.md) of a new objective (FedProx) runs as written, and at ``mu = 0`` its round ends on
 FedAvg's weights bit for bit: the proximal term then adds exactly nothing to the gradient, and the step is seeded as
 FedAvg's local training is."""
 
@@ -21,7 +21,7 @@ from cosmos_pl.objectives.wire import steps_from_wire, steps_to_wire
 from cosmos_pl.training.client import ClientConfig
 from cosmos_pl.training.config import TrainerConfig
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""README's table of the paper's axes: every command there plans (``--dry_run true``: each pair's config parsed,
+"""The table (docs/comparisons.md) of the paper's axes: every command there plans (``--dry_run true``: each pair's config parsed,
 built and checked as a run would) with the number of distinct pairs worked out by hand, and writes nothing."""
 
 import re
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "comparisons.md"
 
 # distinct pairs with one seed (the test adds --seeds 0); cosmos, comet, fedmd, local are fmnist_alpha's algorithms
 EXPECTED = {

@@ -23,7 +23,8 @@ from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.checkpoint import load_latest
 from conftest import small_digits_argv
 
-pytestmark = pytest.mark.slow  # subprocess runs, or a Flower federation
+# subprocess runs, or a Flower federation; on one worker, which trains the killed run once (`--dist loadgroup`)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("resume")]
 
 STALL_ROUND_2 = json.dumps([{"round": 2, "client": 0, "step": "local training", "kind": "hang"}])
 

@@ -33,6 +33,9 @@ from cosmos_pl.flower.client_app import HANDLERS, respond  # noqa: E402
 from cosmos_pl.flower.replies import read_reply  # noqa: E402
 from cosmos_pl.flower.server import FlowerClients  # noqa: E402
 
+# its module fixture is made once, on one worker (`pytest --dist loadgroup`, as `make test` runs it)
+pytestmark = pytest.mark.xdist_group("sites")
+
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_flower.yaml"
 FLAGS = ["--data.num_clients", "3", "--rounds", "1", "--wandb.mode", "disabled"]
 

@@ -9,7 +9,8 @@ one torch thread, seeds 0-9, on an earlier machine; ``auto`` then meant today's 
 index (ARI) against the true groups come from the PTC round's distances; the last number is the final teacher
 h_pi(i) minus local-only (round 0), in points of mean accuracy; * marks weak structure as it was then defined
 (any overlap of within- and between-cluster distances counted). ``separated`` is ``strict`` without its silhouette
-floor (tried, not offered). README's "Choosing B0" has the same configs under ``auto`` and at 20 and 40 clients.
+floor (tried, not offered). docs/algorithms.md ("Choosing B0") has the same configs under ``auto`` and at 20 and 40
+clients.
 
   digits_smoke (10 clients, 5 groups, 8x8 digits: weakly separated uploads):
 

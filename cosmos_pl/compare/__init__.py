@@ -3,8 +3,10 @@
 The folder holds the command (:mod:`~cosmos_pl.compare.command`: :func:`run_compare`), the pairs
 (:mod:`~cosmos_pl.compare.pairs`: each (algorithm, seed) pair's config, its ``cosmos-pl fit`` process, its
 records), the settings grid (:mod:`~cosmos_pl.compare.grid`: ``--grid``'s points and the grid's report) and the
-report (:mod:`~cosmos_pl.compare.report`: the tables, the † and ‡ marks, the figure, the bytes). The pairs and the
-grid do not import each other; the command uses both.
+report (:mod:`~cosmos_pl.compare.report`: the tables, the † and ‡ marks, the figure, the bytes), the Slurm launcher
+(:mod:`~cosmos_pl.compare.slurm`: each pair a job, round 0 a job per seed, requeue and resume) and the comparison in
+W&B (:mod:`~cosmos_pl.compare.wandb_runs`: the pairs' group and job type, the table run). The pairs and the grid
+do not import each other; the command uses both.
 """
 
 from cosmos_pl.compare.command import CompareResult, run_compare

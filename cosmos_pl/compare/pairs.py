@@ -14,6 +14,7 @@ the visible GPUs too: side-by-side pairs take the GPUs in turn (:func:`gpu_slots
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -38,20 +39,26 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from cosmos_pl.algorithms import COSMOS, algorithm_class
 from cosmos_pl.class_groups import parse_args
 from cosmos_pl.compare.report import PairResult, clustering_of, write_report
+from cosmos_pl.compare.wandb_runs import comparison_name, log_comparison
 from cosmos_pl.config import validate_config
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated import checkpoint
 from cosmos_pl.federated.devices import available_cpus, physical_gpu
 from cosmos_pl.federated.locks import FolderLock
 from cosmos_pl.federated.run_directory import atomic_write_text
+from cosmos_pl.progress import Ticker, line_every_s
 
-__all__ = ["Pair", "pair_configs", "finished", "gpu_slots", "execute_pairs", "report_pairs"]
+__all__ = ["Pair", "pair_configs", "finished", "gpu_slots", "launch", "execute_pairs", "report_pairs", "rounds_done",
+           "RUNNING"]
 
-_COMPARE_ONLY = ("algorithms", "seeds", "jobs", "out", "config", "comparison", "overwrite", "grid", "dry_run")
+_COMPARE_ONLY = ("algorithms", "seeds", "jobs", "out", "config", "comparison", "overwrite", "grid", "dry_run",
+                 "launcher", "slurm")
 # keys of pair.yaml that do not change a run's numbers (and are absent from older pair.yaml files); failures
 # settings only act when a client fails, which a finished run would have recorded; paths, so that an --out
-# folder may be moved; the headline metric, which the report reads from metrics.csv (both metrics are there)
-_NOT_RUN_SETTINGS = ("overwrite", "resume", "checkpoint", "failures", "run_dir", "round0_cache", "headline_metric")
+# folder may be moved; the headline metric, which the report reads from metrics.csv (both metrics are there); W&B
+# (where the run is logged, and its group, which names the comparison)
+_NOT_RUN_SETTINGS = ("overwrite", "resume", "checkpoint", "failures", "run_dir", "round0_cache", "headline_metric",
+                     "wandb")
 
 
 @dataclass
@@ -67,21 +74,29 @@ class Pair:
     def label(self) -> str:
         return f"{self.algorithm} seed {self.seed}"
 
+    @property
+    def key(self) -> str:
+        """The pair's run directory as text: unique in a comparison (a grid's points share labels)."""
+        return str(self.run_dir)
+
 
 def pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser, out: Path,
                  algorithms: list[str], seeds: list[int], jobs: int,
                  algorithm_settings: Optional[dict[str, dict[str, Any]]] = None,
-                 round0: Optional[Path] = None) -> list[Pair]:
+                 round0: Optional[Path] = None, group: Optional[str] = None,
+                 threads: Optional[int] = None) -> list[Pair]:
     """Resolve every pair's ``fit`` config and check it as ``fit`` does (parse, build, :func:`validate_config`)
     before anything runs. ``algorithm_settings``: per name of ``algorithms``, init settings given to that algorithm
-    on top of its own (a grid point's); ``round0``: the round-0 cache folder (default ``out/round0``)."""
+    on top of its own (a grid point's); ``round0``: the round-0 cache folder (default ``out/round0``); ``group``:
+    the pairs' W&B group (default: the comparison's name, :func:`~cosmos_pl.compare.wandb_runs.comparison_name`),
+    their W&B job type being the algorithm's short name; ``threads``: torch threads per pair (default: this
+    machine's cores split between ``jobs``; a Slurm job's: its CPUs)."""
     base = yaml.safe_load(parser.dump(cfg, skip_unset=False))
     for key in _COMPARE_ONLY:
         base.pop(key, None)
     settings = {algorithm_class(k, "comparison.settings").name: v for k, v in (cfg.comparison.settings or {}).items()}
-    threads = max(1, available_cpus() // jobs)
-    executor = {**base["executor"], "threads_per_worker": threads}
-    if jobs > 1 and executor.get("workers_per_device") == "auto":
+    executor = {**base["executor"], "threads_per_worker": threads or max(1, available_cpus() // jobs)}
+    if threads is None and jobs > 1 and executor.get("workers_per_device") == "auto":
         # pairs side by side would each size their workers from the same GPUs' free memory and every core
         # (Executor.size_workers): one worker per GPU each, unless the config gives a number
         executor["workers_per_device"] = 1
@@ -99,7 +114,8 @@ def pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPar
             run_dir = out / "runs" / f"{cls.name}-seed{seed}"
             pair_cfg = {**base, "seed": seed, "run_dir": str(run_dir), "round0_cache": str(round0 or out / "round0"),
                         "algorithm": {"class_path": f"{cls.__module__}.{cls.__name__}", "init_args": init_args},
-                        "executor": executor}
+                        "executor": executor,
+                        "wandb": {**base["wandb"], "group": group or comparison_name(cfg, out), "job_type": cls.name}}
             text = yaml.safe_dump(pair_cfg, sort_keys=False)
             # parse, build and check every setting now: a bad one fails here, before any pair trains
             try:
@@ -136,7 +152,7 @@ def finished(pair: Pair) -> bool:
     return True
 
 
-def _rounds_done(pair: Pair) -> int:
+def rounds_done(pair: Pair) -> int:
     try:
         with open(pair.run_dir / "metrics.csv") as f:
             return sum(1 for _ in csv.DictReader(f))
@@ -153,7 +169,7 @@ def _resumable(pair: Pair) -> bool:
 
 
 # the pairs' processes now running, so that a SIGTERM/SIGINT to compare reaches them (they save and exit)
-_RUNNING: set[subprocess.Popen] = set()
+RUNNING: set[subprocess.Popen] = set()
 
 
 def gpu_slots(jobs: int, n_gpu: int) -> list[Optional[str]]:
@@ -168,10 +184,11 @@ def gpu_slots(jobs: int, n_gpu: int) -> list[Optional[str]]:
     return [physical_gpu(k % n_gpu) for k in range(jobs)]
 
 
-def _launch(pair: Pair, gpus: Optional[str] = None) -> Optional[str]:
+def launch(pair: Pair, gpus: Optional[str] = None, ignore: tuple[int, ...] = ()) -> Optional[str]:
     """Run one pair in its own process (on the GPUs ``gpus``, a ``CUDA_VISIBLE_DEVICES`` value, when given),
-    resuming an interrupted attempt from its last complete round; returns None on success, else a one-line
-    reason."""
+    resuming an interrupted attempt from its last complete round (``fit --resume``); returns None on success, else
+    a one-line reason. The process ignores the signals ``ignore`` (a Slurm job's pre-emption signal, which the job
+    itself answers: :mod:`cosmos_pl.compare.slurm`)."""
     if _resumable(pair):
         cmd = [sys.executable, "-m", "cosmos_pl.cli", "fit", "--resume", str(pair.run_dir)]
         mode = "a"
@@ -187,12 +204,14 @@ def _launch(pair: Pair, gpus: Optional[str] = None) -> Optional[str]:
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
     with open(pair.run_dir / "log.txt", mode) as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        _RUNNING.add(proc)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                preexec_fn=(lambda: [signal.signal(s, signal.SIG_IGN) for s in ignore]) if ignore
+                                else None)
+        RUNNING.add(proc)
         try:
             status = proc.wait()
         finally:
-            _RUNNING.discard(proc)
+            RUNNING.discard(proc)
     if status == 0 and (pair.run_dir / "summary.json").is_file():
         return None
     tail = (pair.run_dir / "log.txt").read_text(errors="replace").strip().splitlines()[-1:] or [""]
@@ -215,63 +234,87 @@ def _result(pair: Pair, error: Optional[str]) -> PairResult:
 
 
 def report_pairs(cfg: Namespace, pairs: list[Pair], errors: dict[str, Optional[str]], out: Path,
-                 algorithms: list[str], console: Console, title: Optional[str] = None) -> list[PairResult]:
-    """Read every pair's records and write the report into ``out``; returns the pairs' results."""
-    results = [_result(p, errors.get(p.label)) for p in pairs]
+                 algorithms: list[str], console: Console, title: Optional[str] = None,
+                 log_table: bool = True) -> list[PairResult]:
+    """Read every pair's records and write the report into ``out``; returns the pairs' results. With
+    ``log_table`` (a comparison, not one point of a grid) the table also goes to W&B in a run of its own
+    (:func:`~cosmos_pl.compare.wandb_runs.log_comparison`; not with ``--wandb.mode disabled``)."""
+    results = [_result(p, errors.get(p.key)) for p in pairs]
     for r in results:
         if r.error:
             console.print(f"[red]{r.algorithm} seed {r.seed} failed[/red]: {r.error}")
     config_name = Path(str((cfg.get("config") or ["compare"])[-1])).stem
     title = title or f"{config_name}: {', '.join(dict.fromkeys(algorithms))}"
     write_report(results, out, title, cfg.headline_metric)
+    if log_table:
+        log_comparison(cfg, out, comparison_name(cfg, out))
     console.print((out / "comparison.md").read_text(), markup=False, highlight=False, soft_wrap=True)
     console.print(f"report: {out / 'comparison.md'}, {out / 'communication.md'}, {out / 'accuracy_vs_round.png'}")
     return results
 
 
 def execute_pairs(todo: list[Pair], jobs: int, console: Console) -> dict[str, Optional[str]]:
-    """Run the pairs ``todo``, ``jobs`` side by side; returns each pair's error (None: it finished), by label."""
+    """Run the pairs ``todo``, ``jobs`` side by side; returns each pair's error (None: it finished), by
+    :attr:`Pair.key`.
+
+    On a terminal a bar per pair shows its round; without one, a line when a pair starts and ends and, every
+    :func:`~cosmos_pl.progress.line_every_s` seconds, one line with the running pairs' rounds."""
     errors: dict[str, Optional[str]] = {}
     if not todo:
         return errors
     total_rounds = int(yaml.safe_load(todo[0].config_yaml)["rounds"]) + 1
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("round {task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console) as bar:
-        tasks = {p.label: bar.add_task(p.label, total=total_rounds, start=False) for p in todo}
+    running: dict[str, Pair] = {}
+
+    def rounds_line() -> None:  # without a terminal: where the running pairs are
+        now = dict(running)
+        if now:
+            console.print("running: " + "; ".join(f"{p.label} round {rounds_done(p)}/{total_rounds}"
+                                                  for p in now.values()), markup=False, highlight=False)
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("round {task.completed}/{task.total}"),
+                   TimeElapsedColumn(), console=console) if console.is_terminal else None
+    with bar or contextlib.nullcontext(), Ticker(line_every_s(), rounds_line) if bar is None \
+            else contextlib.nullcontext():
+        tasks = {p.key: bar.add_task(p.label, total=total_rounds, start=False) for p in todo} if bar else {}
         stop = threading.Event()
 
         def watch() -> None:  # show which pair and round is running
             while not stop.wait(2.0):
                 for p in todo:
-                    bar.update(tasks[p.label], completed=_rounds_done(p))
+                    bar.update(tasks[p.key], completed=rounds_done(p))
 
         free: queue.SimpleQueue = queue.SimpleQueue()  # the side-by-side slots, each with its GPUs
         for slot in gpu_slots(min(jobs, max(1, len(todo))), torch.cuda.device_count()):  # no GPU left idle
             free.put(slot)
 
         def one(p: Pair) -> None:
-            bar.start_task(tasks[p.label])
+            if bar:
+                bar.start_task(tasks[p.key])
             gpus = free.get()
             console.print(f"started {p.label} -> {p.run_dir}" + (f" on GPU {gpus}" if gpus is not None else ""))
+            running[p.key] = p
             started = time.perf_counter()
             try:
-                errors[p.label] = _launch(p, gpus)
+                errors[p.key] = launch(p, gpus)
             finally:
                 free.put(gpus)
-            state = "failed" if errors[p.label] else "done"
+                running.pop(p.key, None)
+            state = "failed" if errors[p.key] else "done"
             line = f"{p.label} ({state}, {time.perf_counter() - started:.0f} s)"
-            bar.update(tasks[p.label], completed=_rounds_done(p), description=line)
+            if bar:
+                bar.update(tasks[p.key], completed=rounds_done(p), description=line)
             console.print(line)
 
         watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
+        if bar:
+            watcher.start()
         pool = ThreadPoolExecutor(max_workers=jobs)
         futures = [pool.submit(one, p) for p in todo]
         try:
             for fut in futures:
                 fut.result()
         except BaseException:  # SIGTERM/SIGINT (signals.Interrupted): the pairs keep their last round and stop too
-            for proc in list(_RUNNING):
+            for proc in list(RUNNING):
                 proc.send_signal(signal.SIGTERM)
             pool.shutdown(wait=True, cancel_futures=True)
             raise

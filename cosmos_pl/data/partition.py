@@ -90,7 +90,7 @@ class Partition:
 
         Returns:
             dict with keys ``num_clients``, ``groups`` (list or None), ``class_groups``,
-            ``class_counts`` (list of lists, [num_clients][num_classes]) and ``sizes``.
+            ``class_counts`` (list of lists, ``[num_clients][num_classes]``) and ``sizes``.
         """
         return {
             "num_clients": self.num_clients,

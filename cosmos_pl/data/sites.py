@@ -164,8 +164,9 @@ class SiteFolders(ImageDataset):
         """The federation of the folders.
 
         Raises:
-            ConfigError / DataError / FileNotFoundError: see :func:`load_public` and :func:`load_site`; a count of
-            client folders other than ``num_clients``.
+            ConfigError: a count of client folders other than ``num_clients``.
+            DataError: see :func:`load_public` and :func:`load_site`.
+            FileNotFoundError: see :func:`load_public` and :func:`load_site`.
         """
         from cosmos_pl.errors import ConfigError
 

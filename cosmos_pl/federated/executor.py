@@ -281,8 +281,8 @@ class Executor:
             timeout_s: seconds one task may run (None: no limit).
 
         Raises:
-            The task's own exception when not ``tolerate`` (or a ConfigError/DataError); RuntimeError for a lost
-            worker or a timeout when not ``tolerate``.
+            Exception: the task's own exception when not ``tolerate`` (a ConfigError or DataError even then).
+            RuntimeError: a lost worker or a timeout when not ``tolerate``.
         """
         if not self.parallel:
             yield from self._sequential(tasks, returns_model, tolerate, timeout_s)

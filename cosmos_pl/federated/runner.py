@@ -60,6 +60,9 @@ __all__ = ["Runner", "ServerData"]
 class Runner:
     """Runs one algorithm: round 0, then ``rounds`` rounds of the algorithm's plan, over ``transport``'s clients.
 
+    The keyword arguments not listed below are the settings of the stages, the executor, uploads, records, failures
+    and checkpoints.
+
     Args:
         federation: a simulation's federation (its clients are then in-process), or with a ``transport`` the
             server's data alone (:class:`ServerData`: U and the class list).
@@ -74,7 +77,6 @@ class Runner:
         evaluate_every: score the clients every this many rounds, or ``"final"`` (round 0 and the final round
             always).
         headline_metric: ``top1`` or ``top5`` (M >= 20): what summary.json's headline and best round are judged by.
-        Other arguments: the settings of the stages, the executor, uploads, records, failures and checkpoints.
 
     Raises:
         ValueError: bad settings, or a federation the algorithm cannot run (naming the field and the fix).
@@ -174,6 +176,16 @@ class Runner:
             self.state.check_fraction(0)
         finally:  # the round-0 models are shared (in-process: cached) only when every client finished it
             self.clients.pretrained(None if self.state.failed else self.state.stage_losses.get(0, {}))
+
+    def pretrain_only(self, cache: Optional[Path], key: str) -> None:
+        """Round 0 alone, into the round-0 cache ``cache`` under ``key`` (see :meth:`pretrain`), then the clients
+        and the executor closed: ``fit --round0_only``, the round-0 jobs of ``compare --launcher slurm``."""
+        try:
+            self.pretrain(cache, key)
+        finally:
+            with contextlib.suppress(Exception):
+                self.clients.close()
+            self.executor.close()
 
     def train_round(self, rnd: int) -> dict[str, int]:
         """Run the algorithm's plan for round ``rnd`` >= 1; returns the bytes moved per client.

@@ -1,4 +1,5 @@
-"""Running one stage's independent tasks on the executor: with a progress bar, timed per stage and round."""
+"""Running one stage's independent tasks on the executor: with its progress (a bar on a terminal, plain lines
+elsewhere: :class:`~cosmos_pl.progress.StageProgress`), timed per stage and round."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cosmos_pl.federated.executor import Executor
 from cosmos_pl.objectives.step import Task
+from cosmos_pl.progress import StageProgress
 
 __all__ = ["StageTimer", "TaskRunner"]
 
@@ -44,12 +45,10 @@ class TaskRunner:
                  trains: bool = False, tolerate: bool = False) -> list[tuple[Any, Any]]:
         start = time.perf_counter()
         results: list[Any] = [None] * len(tasks)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=self.console, transient=True) as bar:
-            task = bar.add_task(f"round {rnd}: {stage}", total=len(tasks))
+        with StageProgress(self.console, f"round {rnd}: {stage}", len(tasks)) as progress:
             for i, model, out in self.executor.map(tasks, costs, returns_model=trains, tolerate=tolerate,
                                                    timeout_s=self.timeout_s if tolerate else None):
                 results[i] = (model, out)
-                bar.advance(task)
+                progress.advance()
         self.timer.add(rnd, stage, time.perf_counter() - start)
         return results

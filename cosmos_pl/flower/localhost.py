@@ -1,4 +1,4 @@
-"""A Flower deployment on this machine, as README's deployment recipe runs it on real ones: ``make deploy-demo``.
+"""A Flower deployment on this machine, as docs/deployment.md's recipe runs it on real ones: ``make deploy-demo``.
 
 ``python -m cosmos_pl.flower.localhost --out DIR`` (``make deploy-demo``) lays out one folder for the operator and
 one per site, then starts, on 127.0.0.1:
@@ -39,7 +39,8 @@ __all__ = ["REGISTER", "SUBMIT", "SUPERLINK", "SUPERNODE", "Processes", "argv", 
 BIN = Path(sys.executable).parent
 PROJECT = Path(__file__).resolve().parents[2]
 
-# README's commands (A = the SuperLink's address); the test checks that README shows them as written here
+# the documented commands (docs/deployment.md; A = the SuperLink's address); the test checks that the docs show
+# them as written here
 SUPERLINK = ("flower-superlink --host {host} --port {port} --ssl-ca-certfile {keys}/ca.crt --ssl-certfile "
              "{keys}/server.pem --ssl-keyfile {keys}/server.key --enable-supernode-auth --database {state}/state.db "
              "--disable-runtime-dependency-installation")
@@ -155,8 +156,8 @@ def flwr_home(home: Path, port: int, ca: Path) -> dict[str, str]:
 
 
 def register(keys: Path, i: int, env: dict[str, str], cwd: Path) -> int:
-    """``flwr supernode register`` of ``keys/site_<i>.pub`` (README's command); returns the node id the SuperLink
-    gave that key.
+    """``flwr supernode register`` of ``keys/site_<i>.pub`` (the documented command); returns the node id the
+    SuperLink gave that key.
 
     Raises:
         RuntimeError: the registration failed (with flwr's output).

@@ -96,7 +96,8 @@ class DistillationModule(CosmosModule):
             augmented inputs supervised training sees.
         freeze_bn: keep BatchNorm layers in evaluation mode (running statistics neither used from the batch
             nor updated), so distilling on U does not replace statistics learned on the model's own data.
-        where, optimizer_key: name the stage and the optimizer setting in error messages (see :class:`CosmosModule`).
+        where: names the stage in error messages (see :class:`CosmosModule`).
+        optimizer_key: names the optimizer setting in error messages (see :class:`CosmosModule`).
 
     Raises:
         ValueError: lam < 0, num_views < 1, or lam > 0 without transformations.

@@ -41,7 +41,7 @@ class TrainerConfig:
         deterministic: ``true``: torch's deterministic algorithms only (an op without one raises), cuDNN
             deterministic, no cuDNN autotuning; ``"warn"``: the same, but such an op warns instead of raising;
             ``false``: torch's defaults, with cuDNN autotuning (``cudnn.benchmark``) on a GPU. On the CPU runs are
-            exact with any value (same config, seed and thread count); see README's GPU section.
+            exact with any value (same config, seed and thread count); see docs/execution.md (Determinism).
     """
 
     accelerator: Literal["auto", "cpu", "gpu", "cuda"] = "auto"
