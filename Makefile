@@ -49,8 +49,11 @@ $(FMNIST):
 demo: venv data
 	$(VENV)/bin/cosmos-pl fit --config configs/fmnist_quickstart.yaml
 
+# One worker more than cores: the Flower deployment test's worker mostly waits on its own processes (SuperLink,
+# SuperNodes), which may use every core. --dist loadgroup: a module whose tests share a costly module fixture is one
+# xdist_group, run by one worker; --no-loadscope-reorder keeps tests/conftest.py's order (the Flower tests first).
 test: $(VENV)/.installed-test data
-	$(PY) -m pytest -n auto --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -n $$(( $$(nproc) + 1 )) --dist loadgroup --no-loadscope-reorder
 
 # A Flower deployment on localhost (TLS, SuperNode authentication, 3 sites each with only its own folder), two rounds
 # of COSMOS, then everything it started is stopped: cosmos_pl/flower/localhost.py

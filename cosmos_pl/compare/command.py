@@ -123,6 +123,9 @@ def execute(cfg: Namespace, todo: list[Pair], jobs: int, out: Path, fit_parser: 
         return execute_pairs(todo, jobs, console)
     from cosmos_pl.compare.slurm import execute_slurm
 
+    if todo:  # the count line above speaks of --jobs, which Slurm's resources replace
+        console.print(f"--launcher slurm ({slurm.cluster}): each pair a job of {slurm.cpus_per_job} CPU(s) and "
+                      f"{slurm.gpus_per_job} GPU(s) for up to {slurm.time_min} min, --jobs does not apply")
     return execute_slurm(todo, slurm, out, fit_parser, console)
 
 
