@@ -53,6 +53,8 @@ class Tracker:
         run_id: continue this W&B run (``cosmos-pl fit --resume``: the id kept in the checkpoint); None: a new run.
         group: the W&B run group (``compare`` sets the comparison's name, so W&B's run table groups its runs).
         job_type: the W&B job type (``compare`` sets the algorithm's short name; its table run 'comparison').
+        by_round: step every logged value by ``round`` (a run's rounds); False for a run without rounds (a
+            comparison's table run).
 
     Raises:
         TrackingError: wandb cannot start: not installed, no API key in online mode, the server not reached
@@ -62,7 +64,7 @@ class Tracker:
 
     def __init__(self, mode: str, run_dir: Path, config: dict[str, Any], project: str,
                  entity: str | None, name: str | None, tags: list[str], run_id: str | None = None,
-                 group: str | None = None, job_type: str | None = None) -> None:
+                 group: str | None = None, job_type: str | None = None, by_round: bool = True) -> None:
         self.run = None
         if mode == "disabled":
             return
@@ -91,7 +93,7 @@ class Tracker:
             raise TrackingError(f"wandb.mode={mode!r}: W&B did not start ({type(err).__name__}: {reason}); "
                                 f"{_OFFLINE_HINT}; on a slow network raise WANDB_INIT_TIMEOUT (now {timeout:g} s)"
                                 ) from None
-        if job_type != "comparison":  # a pair's run is stepped by round; a comparison's table run has no rounds
+        if by_round:
             self.run.define_metric("round")
             self.run.define_metric("*", step_metric="round")
 

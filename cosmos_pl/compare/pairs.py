@@ -48,8 +48,8 @@ from cosmos_pl.federated.locks import FolderLock
 from cosmos_pl.federated.run_directory import atomic_write_text
 from cosmos_pl.progress import Ticker, line_every_s
 
-__all__ = ["Pair", "pair_configs", "finished", "gpu_slots", "launch", "execute_pairs", "report_pairs", "rounds_done",
-           "RUNNING"]
+__all__ = ["Pair", "pair_configs", "finished", "gpu_slots", "launch", "run_logged", "failure_line", "execute_pairs",
+           "report_pairs", "rounds_done", "RUNNING"]
 
 _COMPARE_ONLY = ("algorithms", "seeds", "jobs", "out", "config", "comparison", "overwrite", "grid", "dry_run",
                  "launcher", "slurm")
@@ -200,22 +200,34 @@ def launch(pair: Pair, gpus: Optional[str] = None, ignore: tuple[int, ...] = ())
         atomic_write_text(pair.run_dir / "pair.yaml", pair.config_yaml)
         cmd = [sys.executable, "-m", "cosmos_pl.cli", "fit", "--config", str(pair.run_dir / "pair.yaml")]
         mode = "w"
+    status = run_logged(cmd, pair.run_dir / "log.txt", mode, gpus, ignore)
+    if status == 0 and (pair.run_dir / "summary.json").is_file():
+        return None
+    return failure_line(status, pair.run_dir / "log.txt")
+
+
+def run_logged(cmd: list[str], log: Path, mode: str, gpus: Optional[str] = None, ignore: tuple[int, ...] = ()) -> int:
+    """Run ``cmd`` (a ``cosmos-pl fit``) to its end with its output in ``log`` (opened with ``mode``), on the GPUs
+    ``gpus`` when given, ignoring the signals ``ignore``, kept in :data:`RUNNING` while it runs (a stop request
+    reaches it); returns its exit status."""
     env = {**os.environ, "PYTHONHASHSEED": "0", "COLUMNS": "120"}
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
-    with open(pair.run_dir / "log.txt", mode) as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+    with open(log, mode) as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 preexec_fn=(lambda: [signal.signal(s, signal.SIG_IGN) for s in ignore]) if ignore
                                 else None)
         RUNNING.add(proc)
         try:
-            status = proc.wait()
+            return proc.wait()
         finally:
             RUNNING.discard(proc)
-    if status == 0 and (pair.run_dir / "summary.json").is_file():
-        return None
-    tail = (pair.run_dir / "log.txt").read_text(errors="replace").strip().splitlines()[-1:] or [""]
-    return f"exit status {status}: {tail[0][:200]} (log: {pair.run_dir / 'log.txt'})"
+
+
+def failure_line(status: int, log: Path) -> str:
+    """Why a ``fit`` process failed, in one line: its exit status, its log's last line and the log's path."""
+    tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+    return f"exit status {status}: {tail[0][:200]} (log: {log})"
 
 
 def _result(pair: Pair, error: Optional[str]) -> PairResult:

@@ -37,7 +37,7 @@ from jsonargparse import ArgumentParser
 from rich.console import Console
 
 from cosmos_pl.class_groups import parse_args
-from cosmos_pl.compare.pairs import RUNNING, Pair, launch
+from cosmos_pl.compare.pairs import RUNNING, Pair, failure_line, launch, run_logged
 from cosmos_pl.config import SlurmConfig, round0_key
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.run_directory import atomic_write_text
@@ -122,20 +122,8 @@ class Round0Job:
         log = self.folder / "log.txt"
         cmd = [sys.executable, "-m", "cosmos_pl.cli", "fit", "--config", str(config), "--round0_only", "true",
                "--run_dir", str(self.folder / "run"), "--overwrite", "true", "--wandb.mode", "disabled"]
-        ignore = _job_signal()
-        with open(log, "a") as f:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                    env={**os.environ, "PYTHONHASHSEED": "0", "COLUMNS": "120"},
-                                    preexec_fn=lambda: signal.signal(ignore, signal.SIG_IGN))
-            RUNNING.add(proc)
-            try:
-                status = proc.wait()
-            finally:
-                RUNNING.discard(proc)
-        if status == 0:
-            return None
-        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
-        return f"round 0 exit status {status}: {tail[0][:200]} (log: {log})"
+        status = run_logged(cmd, log, "a", ignore=(_job_signal(),))
+        return None if status == 0 else f"round 0 {failure_line(status, log)}"
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         from submitit.helpers import DelayedSubmission

@@ -65,7 +65,7 @@ def log_comparison(cfg: Namespace, out: Path, name: str, points: Optional[list[t
 
     config = {"comparison": name, "out": str(out), "headline_metric": cfg.headline_metric}
     tracker = Tracker(cfg.wandb.mode, out, config, cfg.wandb.project, cfg.wandb.entity, f"{name}-comparison",
-                      list(cfg.wandb.tags), group=name, job_type="comparison")
+                      list(cfg.wandb.tags), group=name, job_type="comparison", by_round=False)
     try:
         if points is None:
             header, rows = _read_csv(out / "comparison.csv")

@@ -183,9 +183,7 @@ class Runner:
         try:
             self.pretrain(cache, key)
         finally:
-            with contextlib.suppress(Exception):
-                self.clients.close()
-            self.executor.close()
+            self._close()
 
     def train_round(self, rnd: int) -> dict[str, int]:
         """Run the algorithm's plan for round ``rnd`` >= 1; returns the bytes moved per client.
@@ -324,13 +322,17 @@ class Runner:
             signals.check(err)
             raise
         finally:
-            with contextlib.suppress(Exception):
-                self.clients.close()
-            self.executor.close()
+            self._close()
         signals.check()  # a stopped run is not reported as finished
         summary = self.summary(self.previous_wall + time.perf_counter() - start)
         self.recorder.write_summary(summary)
         return summary
+
+    def _close(self) -> None:
+        """The clients (their failure to close does not hide the run's own outcome), then the executor."""
+        with contextlib.suppress(Exception):
+            self.clients.close()
+        self.executor.close()
 
     def summary(self, wall: float) -> dict[str, Any]:
         """The headline, the best round, round 0, clusters, communication and timings (:func:`summarize_run`)."""
