@@ -7,7 +7,7 @@ PY      := $(VENV)/bin/python
 FMNIST  := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test deploy-demo venv data clean
+.PHONY: demo test deploy-demo peers venv data clean
 
 venv: $(VENV)/.installed
 
@@ -54,6 +54,15 @@ demo: venv data
 # xdist_group, run by one worker; --no-loadscope-reorder keeps tests/conftest.py's order (the Flower tests first).
 test: $(VENV)/.installed-test data
 	$(PY) -m pytest -n $$(( $$(nproc) + 1 )) --dist loadgroup --no-loadscope-reorder
+
+# The same federation run by cosmos-pl, Flower's simulation engine and FL-bench (FLBENCH: a checkout of
+# KarhouTam/FL-bench; without it FL-bench is left out), one after another: benchmarks/peers/README.md. PEERS_ARGS:
+# more flags of compare_peers.py (e.g. --repeat 3).
+FLBENCH    ?=
+PEERS_ARGS ?=
+peers: $(VENV)/.installed data
+	$(call INSTALL,$(TORCH) -e '.[flower,peers]')
+	$(PY) benchmarks/peers/compare_peers.py $(if $(FLBENCH),--flbench $(FLBENCH)) $(PEERS_ARGS)
 
 # A Flower deployment on localhost (TLS, SuperNode authentication, 3 sites each with only its own folder), two rounds
 # of COSMOS, then everything it started is stopped: cosmos_pl/flower/localhost.py

@@ -10,7 +10,7 @@ from cosmos_pl.errors import DeviceMemoryError
 from cosmos_pl.federated.executor import Executor, ExecutorConfig, TaskFailure
 from cosmos_pl.objectives.distill import fit_distillation
 from cosmos_pl.objectives.local_fit import fit_supervised
-from cosmos_pl.training.config import TrainerConfig, apply_determinism
+from cosmos_pl.training.config import TrainerConfig, apply_determinism, inference_batch
 from cosmos_pl.training.inference import predict_probs
 from cosmos_pl.training.module import default_optimizer
 
@@ -70,6 +70,18 @@ def test_inference_out_of_memory_retries_at_half_the_batch_with_the_same_outputs
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
     # 32 fails, 16 fails, 8 fits: then the rest of U goes at 8 (40 = 5 x 8)
     assert model.sizes == [32, 16, 8, 8, 8, 8, 8]
+
+
+def test_inference_batch_size_unset_is_128_on_the_cpu_and_1024_on_a_gpu_and_a_set_value_wins():
+    x, _ = _data(300)
+    model = _Small()
+    predict_probs(model, x, TrainerConfig(accelerator="cpu", channels_last=False))
+    assert model.sizes == [128, 128, 44]  # 300 = 128 + 128 + 44
+    model = _Small()
+    predict_probs(model, x, TrainerConfig(accelerator="cpu", channels_last=False, inference_batch_size=100))
+    assert model.sizes == [100, 100, 100]
+    assert inference_batch(TrainerConfig(), torch.device("cuda")) == 1024
+    assert inference_batch(TrainerConfig(inference_batch_size=64), torch.device("cuda")) == 64
 
 
 def test_inference_out_of_memory_at_batch_one_names_the_inference_batch_size():

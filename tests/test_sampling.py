@@ -10,6 +10,7 @@ import torch
 
 from conftest import small_digits_argv
 from cosmos_pl.errors import ConfigError
+from cosmos_pl.federated.initial_models import seeded_backbone
 from cosmos_pl.federated.sampling import check_clients_per_round, round_size, sampled_clients
 
 
@@ -86,9 +87,13 @@ def test_unsampled_clients_keep_their_model_every_client_is_scored_and_a_resume_
 
 
 @pytest.mark.slow  # a small digits run
-def test_fedavg_with_sampled_clients_leaves_every_client_holding_the_global_model(repo_root, tmp_path):
+def test_fedavg_with_sampled_clients_leaves_every_client_holding_the_global_model(repo_root, tmp_path, monkeypatch):
     from cosmos_pl.cli import main
+    from cosmos_pl.federated import runner
 
+    built = []  # the server's reference backbone (the shapes an upload must have): once for the one architecture,
+    monkeypatch.setattr(runner, "seeded_backbone",  # not once per upload (2 rounds x 2 clients)
+                        lambda *args: built.append(args[0]) or seeded_backbone(*args))
     run = tmp_path / "fedavg"
     assert main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--algorithm", "FedAvg",
                  "--clients.backbones", "[test_efficientnet]", "--rounds", "2", "--data.num_clients", "5",
@@ -100,3 +105,4 @@ def test_fedavg_with_sampled_clients_leaves_every_client_holding_the_global_mode
             assert all(torch.equal(m[key], value) for m in models[1:]), key
     took = [r for r in _rows(run / "clients.csv") if r["round"] == "2" and r["took_part"] == "True"]
     assert [int(r["client"]) for r in took] == sampled_clients(5, 2, seed=0, rnd=2)
+    assert built == ["test_efficientnet"]

@@ -15,7 +15,7 @@ from torch import nn
 from cosmos_pl.errors import DivergenceError
 from cosmos_pl.losses import adjust_to_prior
 from cosmos_pl.training.checks import PREDICTION_FIX, nonfinite_kind, nonfinite_tensors, out_of_memory
-from cosmos_pl.training.config import TrainerConfig, apply_determinism, resolve_device
+from cosmos_pl.training.config import TrainerConfig, apply_determinism, inference_batch, resolve_device
 from cosmos_pl.transforms import prepare
 
 __all__ = ["batched_logits", "evaluate", "evaluate_models", "predict_probs"]
@@ -55,7 +55,7 @@ def batched_logits(model: nn.Module, x: torch.Tensor, trainer: TrainerConfig, wh
     model.eval().to(device)
     if trainer.channels_last:
         model.to(memory_format=torch.channels_last)
-    size, start = trainer.inference_batch_size, 0
+    size, start = inference_batch(trainer, device), 0
     try:
         with torch.inference_mode(), _autocast(device, trainer.precision):
             while start < len(x):
