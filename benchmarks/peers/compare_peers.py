@@ -33,6 +33,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from spec import Spec, load_partition  # noqa: E402
 
+from cosmos_pl.files import atomic_write_text  # noqa: E402
+
 ROOT = HERE.parent.parent
 SYSTEMS = ("cosmos-pl", "Flower", "FL-bench")
 PEER_ALGORITHMS = {"cosmos-pl": ("fedavg", "fedmd"), "Flower": ("fedavg",), "FL-bench": ("fedavg", "fedmd")}
@@ -238,9 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     result = {"spec": json.loads(spec.to_json()), "partition_seed": partition_seed, "repeat": a.repeat, "rows": rows,
               "ratios": ratios(rows)}
-    tmp = a.out / "peers.json.tmp"
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(a.out / "peers.json")
+    atomic_write_text(a.out / "peers.json", json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
     return 0 if all("error" not in r for r in rows) else 1
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cosmos_pl.files import atomic_write_text
+
 __all__ = ["Spec", "ClientData", "load_partition", "make_model", "normalize", "write_record", "versions"]
 
 
@@ -135,7 +137,4 @@ def write_record(path: str | Path, *, system: str, algorithm: str, round_end_uni
               "bytes_per_round": int(bytes_per_round), "payload_bytes_per_round": int(payload_bytes_per_round),
               "pid": os.getpid(), "written_unix": time.time(),
               **(extra or {})}
-    path = Path(path)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(path)
+    atomic_write_text(Path(path), json.dumps(record, indent=1) + "\n")
