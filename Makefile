@@ -1,11 +1,12 @@
 # Two commands for a fresh machine: `make demo` (train COSMOS on real Fashion-MNIST) and `make test`.
-# Each creates the virtual environment .venv and installs what it needs, the Debian data package included.
+# Each creates the virtual environment .venv and installs what it needs; the data comes from Debian's package where this
+# user may install it, else cosmos-pl downloads it on first use (tools/fashion_mnist.sh).
 
 VENV    ?= .venv
 PYTHON  ?= python3
 PY      := $(VENV)/bin/python
-FMNIST  := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
-SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# where Debian's dataset-fashion-mnist puts its files (cosmos_pl.data.FashionMNIST.SYSTEM_DIR)
+FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
 
 .PHONY: demo test deploy-demo peers venv data clean
 
@@ -20,31 +21,49 @@ venv: $(VENV)/.installed
 # with pip, the few files that do not compile, templates and test data inside packages, are skipped).
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check --no-compile
 COMPILE     := $(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
-UV_INSTALL   = $(PIP_INSTALL) uv && $(VENV)/bin/uv pip install --quiet --python $(PY) $$($(PY) tools/uv_index_args.py)
-INSTALL      = { $(UV_INSTALL) $(1) || { echo "uv failed: installing with pip"; $(PIP_INSTALL) $(1); }; }
+UV_INSTALL   = $(PIP_INSTALL) uv && $(VENV)/bin/uv pip install --quiet --python $(PY) $$($(PY) tools/uv_index_args.py) \
+               $(if $(TORCH_BACKEND),--torch-backend $(TORCH_BACKEND))
+INSTALL      = $(if $(TORCH_BACKEND),$(UV_INSTALL) $(2) $(1),{ $(UV_INSTALL) $(2) $(1) || { echo "uv failed: installing with pip"; $(PIP_INSTALL) $(1); }; })
 TORCH       := torch==2.14.1 torchvision==0.29.1
 
-$(VENV)/.installed: pyproject.toml
+# TORCH_BACKEND (e.g. `make demo TORCH_BACKEND=cu126`, or auto): the torch and torchvision build for this machine,
+# taken from PyTorch's own index by uv's --torch-backend (cu126, cu128, cu130, cpu, rocm6.4, auto: what uv detects).
+# Empty on a fresh machine: the configured index's default build; on Linux torch 2.14.1's default wheel is built for
+# CUDA 13.0, which needs an NVIDIA driver >= 580, and an older driver needs e.g. cu126. pip has no such flag, so with
+# a backend a uv failure is not retried with pip (pip would install the default build).
+# The backend of the last install is kept in $(VENV)/.torch-backend and is the default of the next make (a later
+# `make test` keeps the build `make demo TORCH_BACKEND=cu126` chose; `TORCH_BACKEND=` goes back to the default).
+# Where the backend changes, the install is redone with torch and torchvision reinstalled (a 2.14.1 of another build
+# satisfies ==2.14.1, so uv would keep it): the advice to add TORCH_BACKEND comes after a first install.
+INSTALLED_BACKEND := $(shell cat $(VENV)/.torch-backend 2>/dev/null)
+TORCH_BACKEND     ?= $(INSTALLED_BACKEND)
+ifneq ($(TORCH_BACKEND),$(INSTALLED_BACKEND))
+BACKEND_CHANGED   := FORCE
+endif
+REINSTALL_TORCH   := $(if $(BACKEND_CHANGED),--reinstall-package torch --reinstall-package torchvision)
+FORCE:
+
+$(VENV)/.installed: pyproject.toml $(BACKEND_CHANGED)
 	$(PYTHON) -m venv $(VENV)
-	$(call INSTALL,$(TORCH) -e .)
+	$(call INSTALL,$(TORCH) -e .,$(REINSTALL_TORCH))
 	$(COMPILE)
+	echo '$(TORCH_BACKEND)' > $(VENV)/.torch-backend
 	touch $@
 
 # the tests cover the Flower transport too: the `flower` extra (flwr with its simulation engine) comes with them;
 # on a fresh machine both targets' packages come in one install
 TEST_EXTRAS := '.[test,flower,docs]'
-$(VENV)/.installed-test: pyproject.toml
+$(VENV)/.installed-test: pyproject.toml $(BACKEND_CHANGED)
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
-	$(call INSTALL,$(TORCH) -e $(TEST_EXTRAS))
+	$(call INSTALL,$(TORCH) -e $(TEST_EXTRAS),$(REINSTALL_TORCH))
 	$(COMPILE)
+	echo '$(TORCH_BACKEND)' > $(VENV)/.torch-backend
 	touch $(VENV)/.installed $@
 
-data: $(FMNIST)
-
-# apt-get update only when the package lists do not know the package yet (it takes a while)
-$(FMNIST):
-	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist || \
-	  { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; }
+# Debian's dataset-fashion-mnist where this user may install it (root, or sudo without a password), else one line:
+# cosmos-pl downloads the same files on first use. Nothing to do where the files are there.
+data:
+	@FMNIST_DIR=$(FMNIST_DIR) sh tools/fashion_mnist.sh
 
 demo: venv data
 	$(VENV)/bin/cosmos-pl fit --config configs/fmnist_quickstart.yaml

@@ -10,8 +10,10 @@ download it into the data folder. Otherwise on a same-shape stand-in (:func:`wri
 partitioner splits into the same 5 class groups. It is meant to be learnt quickly, so that the clustering finds
 the groups as on CIFAR-100; that has not been checked at full size (no GPU here), and K and the adjusted Rand index
 in the output say whether it did. ``--dry-run`` shrinks everything (1,000 + 200 stand-in images of 20 classes at
-16x16, 10 clients, one epoch in round 0, timm's test backbones, float32, no download) so that the script's logic
-finishes in seconds on a CPU; its timings and clusters mean nothing (its tiny models do not find the groups).
+16x16, 10 clients, one epoch in round 0, timm's test backbones, float32, no download, ``trainer.accelerator auto``)
+so that the script's logic finishes in seconds on a CPU; its timings and clusters mean nothing (its tiny models do
+not find the groups). Without ``--dry-run`` it needs CUDA: where torch cannot use it, it exits with status 2 before
+anything runs, saying why (the NVIDIA driver against the torch wheel's CUDA, no NVIDIA GPU) and how to fix it.
 
 Round 0 trains with the config's epochs (10: clients must have learned their classes for the clustering to find
 the groups), the PTC round with one (warm-up); round 2, an IFFT round with the config's epochs, is timed. The last
@@ -42,7 +44,8 @@ DRY_RUN_SETTINGS = ["--data.num_clients", "10", "--clients.pretrain_epochs", "1"
                     "--clients.backbones", "[test_efficientnet, lcnet_035]", "--clients.batch_size", "32",
                     "--algorithm.init_args.teacher_backbone", "test_efficientnet",
                     "--algorithm.init_args.teacher_batch_size", "32", "--algorithm.init_args.teacher_epochs", "1",
-                    "--trainer.precision", "32-true", "--trainer.inference_batch_size", "256",
+                    "--trainer.accelerator", "auto", "--trainer.precision", "32-true",
+                    "--trainer.inference_batch_size", "256",
                     "--executor.threads_per_worker", "1"]
 
 
@@ -89,6 +92,22 @@ def cifar100_available(root: Path) -> bool:
         return False
 
 
+def require_cuda() -> None:
+    """Stop before anything runs where torch cannot use CUDA: the paper's round would run on the CPU for hours.
+
+    Raises:
+        ConfigError: one line saying why (:func:`cosmos_pl.training.cuda_check.cuda_unavailable_reason`: the
+            driver against the torch wheel's CUDA, no NVIDIA GPU, a CPU-only torch) and the fix."""
+    import torch
+
+    from cosmos_pl.errors import ConfigError
+    from cosmos_pl.training.cuda_check import cuda_unavailable_reason
+
+    if not torch.cuda.is_available():
+        raise ConfigError("CUDA is not available: " + cuda_unavailable_reason(
+            otherwise="or check the script alone on the CPU with --dry-run"))
+
+
 def check_settings(fit: list[str]) -> None:
     """Parse and check the run's settings as ``cosmos-pl fit`` does, before any data is fetched or tests run.
 
@@ -110,6 +129,8 @@ def run(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--data-dir", type=Path, default=REPO / "data", help="where CIFAR-100 or the stand-in goes")
     parser.add_argument("--run-dir", type=Path, default=None, help="the run's folder (default: a new temporary one)")
     args, overrides = parser.parse_known_args(argv)
+    if not args.dry_run:
+        require_cuda()
     settings = (DRY_RUN_SETTINGS if args.dry_run else []) + overrides
     check_settings(["--config", str(CONFIG), *settings])
     if args.check:
@@ -137,7 +158,8 @@ def run(argv: list[str] | None = None) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit status: 0 done; 2 a bad setting or path, one line on stderr (as ``cosmos-pl fit``)."""
+    """Exit status: 0 done; 2 no CUDA (unless ``--dry-run``), a bad setting or path: one line on stderr (as
+    ``cosmos-pl fit``)."""
     from jsonargparse import ArgumentError
 
     from cosmos_pl.errors import UserError

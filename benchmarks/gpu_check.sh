@@ -5,7 +5,8 @@
 # is JSON: seconds per round and per stage, images per second per stage, peak memory and mean utilisation per GPU.
 #   benchmarks/gpu_check.sh [--dry-run] [--data-dir DIR] [--run-dir DIR] [cosmos-pl overrides ...]
 #   e.g. benchmarks/gpu_check.sh --executor.workers_per_device 2
-# --dry-run: tiny sizes that finish on a CPU (the script's logic only; tests/test_gpu_check.py runs it).
+# --dry-run: tiny sizes that finish on a CPU (the script's logic only; tests/test_gpu_check.py runs it). Without it,
+# no usable CUDA stops everything at the first step (exit status 2, one line saying why and how to fix it).
 # The environment: `make` builds .venv with the test extras (as `make test` does) unless PY names a Python that has
 # cosmos-pl and pytest already. Paths are taken from where it is run; the settings are checked before anything runs.
 set -euo pipefail
@@ -16,7 +17,8 @@ if [ -z "${PY:-}" ]; then
 elif [[ "$PY" == */* ]]; then
   PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
 fi
+# first: the settings, and CUDA (unless --dry-run), so that the cuda tests below never "pass" by skipping every test
 "$PY" "$ROOT/benchmarks/gpu_check.py" --check "$@"
-# `-p no:cacheprovider`: nothing written into the clone; on a machine without CUDA every test here is skipped
+# `-p no:cacheprovider`: nothing written into the clone; in a --dry-run without CUDA every test here is skipped
 (cd "$ROOT" && "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda.py)
 exec "$PY" "$ROOT/benchmarks/gpu_check.py" "$@"

@@ -35,6 +35,7 @@ from cosmos_pl.class_groups import class_args
 from cosmos_pl.errors import UserError
 from cosmos_pl.export_partition import run_export
 from cosmos_pl.fit import resume_config, resume_line, run_fit
+from cosmos_pl.limits import open_file_limit_line, raise_open_file_limit, too_many_open_files
 from cosmos_pl.parsers import build_compare_parser, build_export_parser, build_fit_parser
 from cosmos_pl.signals import Interrupted
 
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     from jsonargparse import ArgumentError
 
     os.environ.setdefault("PYTHONHASHSEED", "0")
+    raise_open_file_limit()  # a desktop's 1,024 is a soft limit: up to the hard one, for this process and its workers
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] == "flower-run":  # flwr run's own arguments, passed on as they are
         from cosmos_pl.flower.run import main as flower_run
@@ -162,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cosmos-pl: interrupted", file=sys.stderr)
         return 130
-    except Exception:
+    except Exception as err:
+        if too_many_open_files(err):  # a limit of the session, not a bug: one line with the fix
+            return _error(open_file_limit_line())
         traceback.print_exc()
         print(f"cosmos-pl: internal error (a bug in cosmos-pl): please report it with the command, config.yaml and "
               f"this traceback at {ISSUES_URL}", file=sys.stderr)

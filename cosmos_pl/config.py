@@ -285,8 +285,10 @@ def validate_config(init: Namespace) -> None:
         if name.endswith("optimizer") and value is not None:
             _check_optimizer(f"algorithm.init_args.{name}", value)
     accelerator = init.trainer.accelerator
-    check(accelerator not in ("gpu", "cuda") or torch.cuda.is_available(), "trainer.accelerator", accelerator,
-          "CUDA is not available on this machine; use 'cpu' or 'auto'")
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        from cosmos_pl.training.cuda_check import cuda_unavailable_reason
+
+        check(False, "trainer.accelerator", accelerator, f"CUDA is not available: {cuda_unavailable_reason()}")
     resolve_devices(init.executor.devices, accelerator)
     cache = init.get("round0_cache")
     check(not cache or not Path(cache).is_file(), "round0_cache", cache, "is an existing file; give a folder")

@@ -20,6 +20,7 @@ from cosmos_pl.algorithms import Algorithm
 from cosmos_pl.config import DataConfig, round0_key, validate_against_data, validate_config
 from cosmos_pl.errors import ConfigError, UserError
 from cosmos_pl.signals import Interrupted
+from cosmos_pl.training.cuda_check import describe_device, device_line
 
 __all__ = ["run_fit", "final_line", "resume_config", "resume_line"]
 
@@ -96,6 +97,9 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
     console = Console()
     algorithm: Algorithm = init.algorithm
     run_path = run_dir.path
+    device = _device(init)
+    # the first line: what the stages run on (one line, however long: soft_wrap)
+    console.print(device_line(device), markup=False, highlight=False, soft_wrap=True)
     tracker = Tracker(init.wandb.mode, run_path, _plain(cfg), init.wandb.project, init.wandb.entity, init.wandb.name,
                       init.wandb.tags, run_id=None if resume is None else resume.get("wandb_run_id"),
                       group=init.wandb.group, job_type=init.wandb.job_type)
@@ -122,7 +126,7 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
             failures=init.failures, checkpoints=init.checkpoint,
             checkpoint_meta={"config_hash": settings_hash, "wandb_run_id": tracker.run_id},
             headline_metric=init.headline_metric, evaluate_every=init.evaluate_every,
-            clients_per_round=init.get("clients_per_round"),
+            clients_per_round=init.get("clients_per_round"), device=device,
             transport=None if transport is None else functools.partial(
                 transport, config_yaml=config_yaml, num_clients=init.data.num_clients))
         infos, facts = runner.clients.infos, runner.clients.simulation()
@@ -153,6 +157,20 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
              f"{algorithm.name} on {name}, seed {init.seed}: accuracy per round")
     console.print(final_line(summary, algorithm.scored) + f"; {summary['wall_seconds']:.0f} s. Files in {run_path}")
     return summary
+
+
+def _device(init: Namespace) -> dict[str, Any]:
+    """What this run's stages train on (:func:`~cosmos_pl.training.cuda_check.describe_device`): the GPUs of
+    ``executor.devices`` (the first only with ``executor.kind sequential``, which runs in this process on it), or
+    the CPU with the cores this process may use; the precision; for the run's first line and summary.json."""
+    from cosmos_pl.federated.devices import available_cpus, physical_gpu, resolve_devices
+
+    accelerator = init.trainer.accelerator
+    gpus = [d for d in resolve_devices(init.executor.devices, accelerator) if d is not None]
+    if init.executor.kind == "sequential":
+        gpus = [0] if gpus else []
+    return describe_device(accelerator, init.trainer.precision, [(g, physical_gpu(g)) for g in gpus],
+                           available_cpus())
 
 
 def final_line(summary: dict[str, Any], scored: str) -> str:

@@ -155,10 +155,22 @@ def test_non_finite_numbers_from_python_or_yaml_are_refused():
         COSMOS(b0=float("nan"))
 
 
+GPU_CONFIGS = ("cifar10.yaml", "cifar100.yaml", "emnist.yaml", "tinyimagenet.yaml")
+
+
 def test_every_shipped_config_passes_validation(repo_root):
     parser = build_fit_parser()
-    for path in sorted((repo_root / "configs").glob("*.yaml")):
+    paths = sorted((repo_root / "configs").glob("*.yaml"))
+    assert set(GPU_CONFIGS) <= {p.name for p in paths}
+    for path in paths:
+        gpu = path.name in GPU_CONFIGS
         init = parser.instantiate(parser.parse_args(["--config", str(path)]))
+        # the paper's GPU configs ask for the GPU: without one they are refused, not run on the CPU for days
+        assert (init.trainer.accelerator == "gpu") == gpu, path.name
+        if gpu and not torch.cuda.is_available():
+            with pytest.raises(ConfigError, match=r"^trainer.accelerator='gpu': CUDA is not available: "):
+                validate_config(init)
+            init = parser.instantiate(parser.parse_args(["--config", str(path), "--trainer.accelerator", "cpu"]))
         validate_config(init)  # no false alarms on real settings
 
 

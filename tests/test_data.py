@@ -26,6 +26,8 @@ from cosmos_pl.data import (
 
 SHARED_NPZ = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10_subset.npz"
 FASHION_DIR = Path(FashionMNIST.SYSTEM_DIR)
+# Debian's dataset-fashion-mnist: all four files, as the loader needs them (an empty folder is not the package)
+HAVE_DEBIAN_FASHION = FashionMNIST()._system_files() is not None
 
 
 # --------------------------------------------------------------------------- loaders
@@ -48,13 +50,61 @@ def test_digits_shapes_and_values():
     assert torch.equal(d.x_test, again.x_test) and torch.equal(d.y_train, again.y_train)
 
 
-@pytest.mark.skipif(not FASHION_DIR.is_dir(), reason=f"{FASHION_DIR} absent (apt-get install dataset-fashion-mnist)")
+@pytest.mark.skipif(not HAVE_DEBIAN_FASHION,
+                    reason=f"Debian's Fashion-MNIST files are not in {FASHION_DIR} (as root: apt-get install "
+                           "dataset-fashion-mnist)")
 def test_fashion_mnist_from_debian_folder():
     d = FashionMNIST(root="/nonexistent", download=False).load()
+    assert d.name == "fashion_mnist (Debian's dataset-fashion-mnist)" and d.source == str(FASHION_DIR)
     assert d.x_train.shape == (60000, 1, 28, 28) and d.x_test.shape == (10000, 1, 28, 28)
     assert d.x_train.dtype == torch.uint8 and d.y_test.dtype == torch.int64
     assert torch.bincount(d.y_train).tolist() == [6000] * 10
     assert d.classes[0] == "T-shirt/top" and d.num_classes == 10
+
+
+def _write_idx(folder: Path, gz: bool) -> None:
+    """The four Fashion-MNIST IDX files, tiny (3 train and 2 test images of 28x28, labels 0..2), as Debian's package
+    (``.gz``) or torchvision's raw/ folder (unpacked) holds them."""
+    import gzip
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", 3), ("t10k", 2)):
+        images = np.arange(n * 28 * 28, dtype=np.uint32).astype(np.uint8).tobytes()
+        files = {f"{split}-images-idx3-ubyte": np.array([2051, n, 28, 28], ">i4").tobytes() + images,
+                 f"{split}-labels-idx1-ubyte": np.array([2049, n], ">i4").tobytes() + bytes(range(n))}
+        for stem, raw in files.items():
+            if gz:
+                (folder / f"{stem}.gz").write_bytes(gzip.compress(raw))
+            else:
+                (folder / stem).write_bytes(raw)
+
+
+def test_fashion_mnist_says_where_its_images_came_from(tmp_path, monkeypatch):
+    """Debian's package first; else torchvision's copy in root (read), else torchvision's download into root."""
+    import torchvision
+
+    debian = tmp_path / "debian"
+    _write_idx(debian, gz=True)
+    monkeypatch.setattr(FashionMNIST, "SYSTEM_DIR", str(debian))
+    d = FashionMNIST(root=str(tmp_path / "unused"), download=False).load()
+    assert d.name == "fashion_mnist (Debian's dataset-fashion-mnist)" and d.source == str(debian)
+    assert d.x_train.shape == (3, 1, 28, 28) and d.y_test.tolist() == [0, 1]
+
+    monkeypatch.setattr(FashionMNIST, "SYSTEM_DIR", str(tmp_path / "no_debian"))
+    root = tmp_path / "data"
+    downloads = []
+
+    def download(self):  # torchvision's download, offline: the files appear in raw/
+        downloads.append(self.raw_folder)
+        _write_idx(Path(self.raw_folder), gz=False)
+
+    monkeypatch.setattr(torchvision.datasets.FashionMNIST, "download", download)
+    d = FashionMNIST(root=str(root), download=True).load()
+    assert d.name == f"fashion_mnist (downloaded by torchvision into {root / 'FashionMNIST'})"
+    assert downloads[0] == str(root / "FashionMNIST" / "raw") and d.source == str(root)
+    assert d.x_train.shape == (3, 1, 28, 28) and d.y_train.tolist() == [0, 1, 2]
+    d = FashionMNIST(root=str(root), download=False).load()  # the same files, there already
+    assert d.name == f"fashion_mnist (read from {root / 'FashionMNIST'})"
 
 
 @pytest.mark.skipif(not SHARED_NPZ.is_file(), reason=f"{SHARED_NPZ} absent")
@@ -100,9 +150,13 @@ def test_missing_datasets_raise_file_not_found(tmp_path, monkeypatch):
     assert str(empty) in str(e.value)
 
     monkeypatch.setattr(FashionMNIST, "SYSTEM_DIR", str(tmp_path / "no_debian"))
-    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist") as e:
+    with pytest.raises(FileNotFoundError, match="as root or with sudo: apt-get install dataset-fashion-mnist") as e:
         FashionMNIST(root=str(empty), download=False).load()
     assert str(tmp_path / "no_debian") in str(e.value) and str(empty) in str(e.value)
+    # what a user without root can do: the download, or the four files where torchvision reads them
+    assert (f"without root: with download: true and network access torchvision downloads it into "
+            f"{empty / 'FashionMNIST' / 'raw'}, or put the four IDX .gz files (train-images-idx3-ubyte.gz, "
+            f"train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz) there") in str(e.value)
 
     with pytest.raises(FileNotFoundError, match="tiny-imagenet-200"):
         TinyImageNet(root=str(empty), download=False).load()

@@ -137,36 +137,18 @@ def test_a_deterministic_stage_trains_the_same_model_as_the_default(restore_flag
 
 
 # ----------------------------------------------------------------------------------- shared memory (/dev/shm)
-def test_shared_memory_need_counts_what_stays_there_and_the_teachers_in_flight():
-    from cosmos_pl.federated.devices import shared_memory_needed
-
-    # 100 samples of 72 bytes + U 500 + uploads 200 + 4 float32 copies of 1,000 parameters (16,000)
-    # + 2 workers sending and receiving a 300-byte teacher (1,200)
-    assert shared_memory_needed(samples=100, sample_bytes=72, public_bytes=500, upload_bytes=200, parameters=1000,
-                                server_model_bytes=300, workers=2) == 7200 + 500 + 200 + 16000 + 1200
-
-
-def test_too_little_shared_memory_stops_before_round_0_naming_shm_size(monkeypatch, repo_root, tmp_path, capsys):
-    import shutil
-    from collections import namedtuple
-
+def test_too_little_shared_memory_for_the_workers_asked_for_stops_before_round_0(monkeypatch, repo_root, tmp_path,
+                                                                                    capsys):
     from cosmos_pl.cli import main
-    from cosmos_pl.errors import ConfigError
-    from cosmos_pl.federated import devices
+    from cosmos_pl.federated import executor
 
-    usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(64 * 2**20, 63 * 2**20, 2**20))  # 1 MiB free
-    devices.check_shared_memory(2**20, 2)  # exactly what is free: fits
-    with pytest.raises(ConfigError) as err:
-        devices.check_shared_memory(3 * 2**30 + 1, 4)
-    assert str(err.value) == (
-        "executor: 4 parallel workers may hold about 3072 MiB in shared memory (/dev/shm) at once, and it has 1 MiB "
-        "free: give the container more (docker run --shm-size=7g), or lower executor.workers_per_device or "
-        "executor.devices, or use executor.kind sequential")
-    # a parallel run stops with that line before round 0 trains; a sequential one never asks
+    monkeypatch.setattr(executor, "shared_memory_free", lambda: 2 ** 10)  # 1 KiB free in /dev/shm
+    # parallel workers asked for: the run stops with one line before round 0 trains; a sequential one never asks
     run_dir = tmp_path / "run"
     assert main(["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--executor.kind", "parallel",
                  "--executor.devices", "2", "--run_dir", str(run_dir), "--wandb.mode", "disabled"]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith("cosmos-pl: error: executor: 2 parallel workers may hold about ") and "--shm-size=" in line
+    assert line.startswith("cosmos-pl: error: executor: 2 parallel workers were asked for, and the clients' data and "
+                           "U need about ") and "it has 0 MiB free: give the container more (docker run " \
+                                                    "--shm-size=1g)" in line
     assert not (run_dir / "checkpoints" / "round-0000.pt").exists()

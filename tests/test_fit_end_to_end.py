@@ -53,6 +53,14 @@ def test_summary_agrees_with_metrics_and_clients(smoke_runs):
     saved = json.loads((run_dir / "summary.json").read_text())
     for key in ("final", "best", "local_only", "clusters", "communication", "wall_seconds"):
         assert key in saved
+    # what it trained on: digits_smoke asks for the CPU; the default executor runs there in the main process, with
+    # a torch thread per core it may use
+    import torch
+
+    device = saved["device"]
+    assert (device["accelerator"], device["type"], device["precision"]) == ("cpu", "cpu", "32-true")
+    assert device["torch"] == torch.__version__ and device["cuda"] == torch.version.cuda
+    assert device["workers"] == 0 and device["threads_per_task"] == device["cpu_cores"] >= 1
     with open(run_dir / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert saved["final"]["round"] == len(rows) - 1

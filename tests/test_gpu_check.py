@@ -91,3 +91,30 @@ def test_dry_run_finishes_on_a_cpu_with_every_figure(repo_root, tmp_path):
                                                     "client distillation": 10 * 200 * 2}
     assert set(figures["images_per_second_by_stage"]) == set(figures["images_per_round_by_stage"])
     assert 1 <= k <= 10 and set(figures["final"]) == {"teacher_acc", "client_acc"}
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_without_cuda_it_exits_2_with_the_reason_before_anything_runs(tmp_path, monkeypatch, capsys):
+    from cosmos_pl.training import cuda_check
+    from gpu_check import main
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi, as on this machine
+    monkeypatch.setattr(cuda_check, "DEVICE_NODE", str(tmp_path / "nvidia0"))
+    assert main(["--check", "--data-dir", str(tmp_path / "data")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "gpu_check: error: CUDA is not available: no NVIDIA GPU or driver found (nvidia-smi absent, no "
+        f"{tmp_path / 'nvidia0'}); run where there is one (in a container: docker run --gpus all), or check the "
+        "script alone on the CPU with --dry-run"]
+    assert main(["--check", "--dry-run"]) == 0  # the dry run checks the script's logic on the CPU
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_the_script_stops_before_the_cuda_tests_without_cuda(tmp_path):
+    # the cuda tests would all be skipped here, and pytest would exit 0 as if they had passed
+    env = {**os.environ, "PY": sys.executable}
+    done = subprocess.run(["bash", str(BENCH / "gpu_check.sh"), "--data-dir", str(tmp_path / "data")], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == "", done.stdout[-2000:]
+    [line] = done.stderr.splitlines()
+    assert line.startswith("gpu_check: error: CUDA is not available: ")

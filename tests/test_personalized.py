@@ -206,7 +206,14 @@ def test_fedbabu_run_holds_one_global_body_a_fixed_head_and_sends_the_body_alone
     # the loaded model) the numbers of the run above
     capsys.readouterr()
     assert fit("FedAvg", tmp_path / "fedavg_cached", 1, "--round0_cache", str(cache)) == 0
-    assert "round 0: client models loaded from" in " ".join(capsys.readouterr().out.split())
+    out = capsys.readouterr().out
+    # the run's first line names the device it trains on (digits_smoke: trainer.accelerator cpu, 32-true)
+    from cosmos_pl.federated.devices import available_cpus
+
+    cores = available_cpus()
+    assert out.splitlines()[0] == (f"device: CPU ({cores} core{'s' if cores != 1 else ''}; torch "
+                                   f"{torch.__version__}), precision 32-true")
+    assert "round 0: client models loaded from" in " ".join(out.split())
     assert fit("FedAvg", tmp_path / "fedavg", 1, "--round0_cache", str(tmp_path / "fedavg_round0")) == 0
     assert "round 0: client models loaded from" not in " ".join(capsys.readouterr().out.split())
     assert _rows(tmp_path / "fedavg_cached" / "metrics.csv") == _rows(tmp_path / "fedavg" / "metrics.csv")

@@ -1,6 +1,6 @@
 """What travels to parallel workers (cosmos_pl.federated.transfer): resident tensors (a client's data, U) once per
-worker, kept across stages and rounds; a model architecture whole once, then state dicts; a stage on a GPU keeps
-one device copy of a resident tensor per process."""
+worker, kept across stages and rounds, as are model architectures; a stage on a GPU keeps one device copy of a
+resident tensor per process. How models travel: tests/test_transfer.py."""
 
 import gc
 
@@ -9,8 +9,7 @@ import torch
 from torch import nn
 
 from cosmos_pl.federated.executor import Executor, ExecutorConfig
-from cosmos_pl.federated.transfer import (RESIDENT_ATTR, Held, Keep, Residents, Skeleton, Weights, architecture, pack,
-                                          unpack)
+from cosmos_pl.federated.transfer import RESIDENT_ATTR, Held, Keep, Residents, pack, unpack
 from cosmos_pl.training import engine
 
 
@@ -19,51 +18,22 @@ def test_a_resident_tensor_is_packed_whole_once_per_worker_then_by_name():
     u = torch.arange(4.0)
     residents.add("U", u)
     held: set[str] = set()
-    first, new = pack({"x": u, "epochs": 2}, residents, held)
+    first, new = pack({"x": u, "epochs": 2}, residents, held, {})
     assert first == {"x": Keep("U", u), "epochs": 2} and new == ["U"]
     held.update(new)
-    second, new = pack({"x": u}, residents, held)
+    second, new = pack({"x": u}, residents, held, {})
     assert second == {"x": Held("U")} and new == []
-    assert pack({"x": u}, residents, set())[0]["x"] == Keep("U", u)  # another worker: whole again
+    assert pack({"x": u}, residents, set(), {})[0]["x"] == Keep("U", u)  # another worker: whole again
     equal = torch.arange(4.0)  # equal values, another tensor: not resident, sent as it is
-    assert pack({"x": equal}, residents, held)[0]["x"] is equal
+    assert pack({"x": equal}, residents, held, {})[0]["x"] is equal
     with pytest.raises(ValueError, match="'U' already names another tensor"):
         residents.add("U", equal)
 
     # in the worker: kept on first sight, tagged with its name, looked up afterwards
     kept: dict = {}
-    got, private = unpack(first, kept)
+    got, sent = unpack(first, kept)
     assert got["x"] is u and kept == {"U": u} and getattr(u, RESIDENT_ATTR) == "U" and got["epochs"] == 2
-    assert unpack(second, kept)[0]["x"] is u and private == set()
-
-
-def _net(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
-
-
-def test_a_model_goes_whole_once_then_as_its_state_dict_and_is_rebuilt_equal_and_private():
-    residents, held, kept = Residents(), set(), {}
-    a, b = _net(0), _net(1)  # same architecture, other weights
-    b[1].running_mean += 3.0  # a buffer, carried by the state dict
-    first, new = pack({"model": a}, residents, held)
-    assert isinstance(first["model"], Skeleton) and new == [architecture(a)]
-    held.update(new)
-    got_a, private = unpack(first, kept)
-    assert got_a["model"] is a and private == set()  # as received (the executor makes its private copy)
-    second, new = pack({"models": {"client": b}}, residents, held)
-    assert isinstance(second["models"]["client"], Weights) and new == []
-    rebuilt = unpack(second, kept)[0]["models"]["client"]
-    assert rebuilt is not b and all(torch.equal(x, y) for x, y in zip(rebuilt.state_dict().values(),
-                                                                      b.state_dict().values()))
-    with torch.no_grad():
-        rebuilt[0].weight.add_(1.0)
-    assert not torch.equal(rebuilt[0].weight, b[0].weight)  # private: the sender's model is untouched
-    # what a state dict does not carry makes another architecture: eval mode, a frozen parameter, another shape
-    frozen = _net(2)
-    frozen[2].weight.requires_grad_(False)
-    names = {architecture(m) for m in (a, _net(3).eval(), frozen, nn.Sequential(nn.Linear(3, 5)))}
-    assert len(names) == 4 and architecture(_net(4)) == architecture(a)
+    assert unpack(second, kept)[0]["x"] is u and sent is None  # no model in these tasks
 
 
 def _total(x, y, model):

@@ -4,7 +4,8 @@ shared memory parallel workers need.
 GPUs are numbered as this process sees them (``CUDA_VISIBLE_DEVICES`` renumbers them from 0); :func:`physical_gpu`
 gives the entry a child process pinned to one of them is given. ``workers_per_device: auto`` reads the GPUs' free
 memory with ``nvidia-smi`` (so that this process opens no CUDA context on them) and sizes the workers per GPU from
-the largest model (:func:`workers_per_gpu`). The executor (:mod:`cosmos_pl.federated.executor`) and compare's
+the largest model (:func:`workers_per_gpu`); :func:`shared_memory_plan` says whether the data that parallel workers
+keep all run fits in ``/dev/shm``. The executor (:mod:`cosmos_pl.federated.executor`) and compare's
 side-by-side pairs use these.
 """
 
@@ -18,9 +19,10 @@ import torch
 
 from cosmos_pl.errors import ConfigError
 
-__all__ = ["resolve_devices", "physical_gpu", "available_cpus", "worker_threads", "shared_memory_needed",
-           "check_shared_memory", "CUDA_CONTEXT_BYTES", "MAX_WORKERS_PER_DEVICE", "worker_gpu_bytes",
-           "auto_workers_per_device", "gpu_free_bytes", "workers_per_gpu"]
+__all__ = ["resolve_devices", "physical_gpu", "available_cpus", "worker_threads", "shared_memory_free",
+           "memory_available", "shared_memory_plan", "SHARED", "PRIVATE", "SEQUENTIAL", "CUDA_CONTEXT_BYTES",
+           "MAX_WORKERS_PER_DEVICE", "worker_gpu_bytes", "auto_workers_per_device", "gpu_free_bytes",
+           "workers_per_gpu"]
 
 
 def resolve_devices(devices: Union[str, int, list[int]], accelerator: str = "auto") -> list[Optional[int]]:
@@ -59,37 +61,66 @@ def physical_gpu(index: int) -> str:
     return [v.strip() for v in visible.split(",") if v.strip()][index]
 
 
-def shared_memory_needed(samples: int, sample_bytes: int, public_bytes: int, upload_bytes: int, parameters: int,
-                         server_model_bytes: int, workers: int) -> int:
-    """Bytes a parallel run may hold in shared memory at once (an estimate). torch moves a tensor it sends to a
-    worker into shared memory in place, and it stays there while the main process holds it, so what stays is every
-    client's data (``samples`` of ``sample_bytes``), U (``public_bytes``), every upload (``upload_bytes`` in all)
-    and four float32 copies of every client model's ``parameters`` (sent, the trained copy sent back, and the
-    copies a round's stages keep until they are replaced; measured on digits_smoke with 2 workers: a peak of 34.4
-    MiB for 10 clients and 68.8 MiB for 20, against 38.3 and 74.8 MiB estimated). The server's models (teachers,
-    ``server_model_bytes`` the largest) count for the tasks in flight only: sent and sent back by each worker."""
-    return samples * sample_bytes + public_bytes + upload_bytes + 4 * 4 * parameters + 2 * workers * server_model_bytes
+def shared_memory_free(path: str = "/dev/shm") -> Optional[int]:
+    """Free bytes of ``path`` (where torch and the executor put shared memory); None where there is no such file
+    system (macOS, Windows)."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
 
 
-def check_shared_memory(needed: int, workers: int, path: str = "/dev/shm") -> None:
-    """Stop before round 0 when ``needed`` bytes (:func:`shared_memory_needed`) do not fit in
-    ``path``'s free space: torch passes tensors between processes through it, and running out mid-stage ends in a
-    bus error.
+def memory_available() -> Optional[int]:
+    """This machine's available memory in bytes (``MemAvailable`` of ``/proc/meminfo``); None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+SHARED, PRIVATE, SEQUENTIAL = "shared", "private", "sequential"
+
+
+def shared_memory_plan(need: int, free: Optional[int], workers: int, explicit: bool,
+                       available: Optional[int] = None, path: str = "/dev/shm") -> tuple[str, Optional[str]]:
+    """How parallel workers get the data that stays the same for a run (every client's data and U, ``need`` bytes
+    laid out in one shared arena), given ``free`` bytes in ``path``: ``(mode, line)``.
+
+    - ``"shared"`` (line None): it fits in 90% of ``path`` (or there is no such file system): one copy, mapped by
+      every worker;
+    - otherwise, for an executor the user left to choose (``explicit`` False): ``"private"``, each of the ``workers``
+      gets its own copy through its pipe, when ``workers * need`` fits in half of the ``available`` memory (or that
+      is unknown); else ``"sequential"``: no workers. ``line`` says which and why.
+
+    Models, targets and results never use ``path`` (they cross the pipes by value), so ``need`` does not grow with
+    the number of workers.
 
     Raises:
-        ConfigError: naming the sizes, Docker's ``--shm-size`` and the settings that lower the need.
+        ConfigError: it does not fit and the parallel workers were asked for (``explicit``: ``executor.kind:
+            parallel`` or a number of ``workers_per_device``), naming the sizes, Docker's ``--shm-size`` and the
+            settings that let it run.
     """
-    try:
-        free = shutil.disk_usage(path).free
-    except OSError:  # no such file system here (macOS, Windows): nothing to check against
-        return
-    if needed > free:
-        mib = 2 ** 20
+    if free is None or need <= 0.9 * free:
+        return SHARED, None
+    mib = 2 ** 20
+    size = f"--shm-size={max(1, -(-2 * need // 2 ** 30))}g"
+    where = f"the clients' data and U need about {need / mib:.0f} MiB of shared memory ({path}), and it has " \
+            f"{free / mib:.0f} MiB free"
+    if explicit:
         raise ConfigError(
-            f"executor: {workers} parallel workers may hold about {needed / mib:.0f} MiB in shared memory "
-            f"({path}) at once, and it has {free / mib:.0f} MiB free: give the container more (docker run "
-            f"--shm-size={max(1, -(-2 * needed // 2 ** 30))}g), or lower executor.workers_per_device or "
-            "executor.devices, or use executor.kind sequential")
+            f"executor: {workers} parallel workers were asked for, and {where}: give the container more (docker run "
+            f"{size}), or leave executor.kind and executor.workers_per_device at auto (a copy per worker, or "
+            "sequential), or use executor.kind sequential")
+    if available is None or workers * need <= available // 2:
+        return PRIVATE, (f"executor: {where}: each of the {workers} workers gets its own copy instead (about "
+                         f"{workers * need / mib:.0f} MiB of memory in all); docker run {size} lets them share one")
+    return SEQUENTIAL, (f"executor: sequential, in this process: {where}, and a copy for each of the {workers} workers "
+                        f"({workers * need / mib:.0f} MiB) would not fit in half of the {available / mib:.0f} MiB of "
+                        f"memory available; docker run {size} lets the workers share one copy")
 
 
 CUDA_CONTEXT_BYTES = 600 * 2 ** 20  # a process's CUDA context and torch's kernels (about 0.5 GiB on recent GPUs)

@@ -3,8 +3,9 @@
 A task is one model's stage (a client's local training, its pseudo-labels on U, a cluster teacher, a
 client's distillation, an evaluation). Tasks of a stage are independent, and each is seeded from
 (seed, round, stage, id), so results do not depend on the executor or the number of workers. Workers are
-processes started with ``spawn``; models and tensors travel between processes as CPU tensors through
-torch's shared-memory pickling, never through files. On CUDA each worker is pinned to one GPU
+processes started with ``spawn``; a task and its result cross a worker's pipe by value, and what stays the same all
+run (the clients' data, U) is shared once through ``/dev/shm`` where it fits (:mod:`cosmos_pl.federated.transfer`),
+so a worker holds a handful of file descriptors however many models cross. On CUDA each worker is pinned to one GPU
 (``CUDA_VISIBLE_DEVICES``) and several workers may share one (``workers_per_device``); which devices, how many
 workers and how many threads each is :mod:`cosmos_pl.federated.devices`'s to say.
 
@@ -30,8 +31,12 @@ import torch
 
 from cosmos_pl import signals
 from cosmos_pl.errors import ConfigError, DataError, DeviceMemoryError, check
-from cosmos_pl.federated.devices import physical_gpu, resolve_devices, worker_threads, workers_per_gpu
-from cosmos_pl.federated.transfer import Residents, pack, unpack
+from cosmos_pl.federated.devices import (SEQUENTIAL, SHARED, memory_available, physical_gpu, resolve_devices,
+                                         shared_memory_free, shared_memory_plan, worker_threads, workers_per_gpu)
+from cosmos_pl.federated.pipe import Template, receive, send
+from cosmos_pl.limits import ResourceLimitError, open_file_limit_line, too_many_open_files
+from cosmos_pl.federated.transfer import (STAGE_PREFIX, Residents, built, pack, repeated_models, trained_reply,
+                                          unpack)
 from cosmos_pl.objectives.step import Task
 
 __all__ = ["ExecutorConfig", "Executor", "TaskFailure", "TaskTimeout"]
@@ -94,44 +99,43 @@ def _describe(err: BaseException) -> str:
     return " ".join(f"{type(err).__name__}: {err}".split())[:500]
 
 
-def _run(fn: Callable[..., Any], kwargs: dict[str, Any], returns_model: bool) -> tuple[Any, Any]:
-    out = fn(**kwargs)
-    # a trained model changed in this process: send it back; a read-only one need not travel again
-    return (kwargs.get("model") if returns_model else None), out
-
-
 def _worker_main(conn: Connection, gpu: Optional[int], threads: int) -> None:
-    """A worker process: run ``(index, fn, kwargs, returns_model)`` messages until ``None`` arrives. Resident
-    tensors (:meth:`Executor.keep_resident`) are kept for the worker's life."""
+    """A worker process: run ``(index, fn, kwargs, returns_model, stage)`` messages until ``None`` arrives. Resident
+    tensors (:meth:`Executor.keep_resident`) and architectures are kept for the worker's life, a stage's shared
+    models until the next stage."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle (it stops the workers)
     torch.set_num_threads(threads)
     problem = None if gpu is None else _pinning_problem(gpu)
-    held: dict[str, Any] = {}  # resident tensors and model architectures, by name
+    held: dict[str, Any] = {}  # resident tensors, model architectures and the stage's shared models, by name
+    stage_now = None
     while True:
         try:
-            message = conn.recv()
+            message = receive(conn)
         except EOFError:
             return
         if message is None:
             return
-        index, fn, kwargs, returns_model = message
-        kwargs, private = unpack(kwargs, held)
-        conn.send((index, None, None, None))  # started: the timeout counts from here, not from the worker's start-up
+        index, fn, kwargs, returns_model, stage = message
+        if stage != stage_now:
+            for name in [n for n in held if n.startswith(STAGE_PREFIX)]:
+                del held[name]
+            stage_now = stage
+        kwargs, sent = unpack(kwargs, held)
+        send(conn, (index, None, None, None))  # started: the timeout counts from here, not from the worker's start-up
         if problem is not None:  # a worker that sees the wrong GPUs runs nothing: every task stops the run
-            conn.send((index, False, None, ConfigError(problem)))
+            send(conn, (index, False, None, ConfigError(problem)))
             continue
-        if returns_model and kwargs.get("model") is not None and "model" not in private:
-            # the received weights share memory with the main process's model (torch's shared-memory pickling):
-            # train a private copy, so that a task that fails half-way leaves the caller's model untouched
-            kwargs = {**kwargs, "model": copy.deepcopy(kwargs["model"])}
+        # every model arrived by value: the task trains the worker's own copy, the caller's model stays untouched
         try:
-            reply = (index, True, *_run(fn, kwargs, returns_model))
+            out = fn(**kwargs)
+            # a trained model changed in this process: send it back; a read-only one need not travel again
+            reply = (index, True, trained_reply(kwargs.get("model"), sent, held) if returns_model else None, out)
         except BaseException as err:  # sent back whole when it pickles, so the main process re-raises the same type
             reply = (index, False, None, err)
         try:
-            conn.send(reply)
+            send(conn, reply)
         except Exception as err:  # an exception that does not pickle
-            conn.send((index, False, None, RuntimeError(_describe(reply[3]) if not reply[1] else _describe(err))))
+            send(conn, (index, False, None, RuntimeError(_describe(reply[3]) if not reply[1] else _describe(err))))
 
 
 def _pinning_problem(gpu: int) -> Optional[str]:
@@ -200,6 +204,9 @@ class Executor:
         self.replaced_workers = 0
         self._resident = Residents()
         self.resident_sends = 0  # resident tensors and model architectures sent to workers whole, once per worker
+        self.shared_memory = SHARED  # how workers get the resident tensors (plan_shared_memory)
+        self._stage = 0  # numbers the parallel stages: a worker keeps a stage's shared models until the next one
+        self._templates: dict[str, Template] = {}  # every architecture sent to a worker (transfer.pack)
 
     def keep_resident(self, name: str, tensor: torch.Tensor) -> None:
         """Register ``tensor`` (a client's data, U: what stays the same for the whole run) under ``name``: a task
@@ -210,6 +217,26 @@ class Executor:
         Raises:
             ValueError: ``name`` already names another tensor."""
         self._resident.add(name, tensor)
+
+    def plan_shared_memory(self) -> Optional[str]:
+        """Before the workers start: whether the resident tensors registered so far fit in ``/dev/shm`` to be
+        shared by the workers (:func:`~cosmos_pl.federated.devices.shared_memory_plan`); where they do not and the
+        workers were this executor's own choice, each worker gets its own copy, or, where memory is short for that,
+        the tasks run in this process. Returns the line that says so (None when shared, or not parallel).
+
+        Raises:
+            ConfigError: they do not fit and the parallel workers were asked for (``executor.kind: parallel`` or a
+                number of ``workers_per_device``)."""
+        if not self.parallel or self._workers:
+            return None
+        explicit = self.cfg.kind == "parallel" or self.cfg.workers_per_device != "auto"
+        mode, line = shared_memory_plan(self._resident.nbytes(), shared_memory_free(), len(self.slots), explicit,
+                                        memory_available())
+        self.shared_memory = mode
+        if mode == SEQUENTIAL:
+            self.parallel = False
+            self.threads = worker_threads(self.cfg.threads_per_worker, 1)
+        return line
 
     def _set_workers_per_device(self, per_device: int) -> None:
         self.workers_per_device = per_device
@@ -295,6 +322,8 @@ class Executor:
                 f"a task ran the GPU out of memory while moving its data or model there ({_describe(err)[:200]}); "
                 "run fewer workers per GPU (executor.workers_per_device), or lower the clients' data on the GPU "
                 "with smaller models or trainer.precision=bf16-mixed") from None
+        if too_many_open_files(err):  # the session's limit, not the client's failure: every client would hit it
+            raise ResourceLimitError(open_file_limit_line()) from None
         if not tolerate or isinstance(err, _FATAL):
             raise err
         return index, None, TaskFailure(_describe(err))
@@ -320,10 +349,16 @@ class Executor:
             torch.set_num_threads(previous)
 
     def _parallel(self, tasks, costs, returns_model, tolerate, timeout_s):
+        if self.shared_memory == SHARED:
+            self._resident.share()  # those registered since the last stage, into an arena of their own
         self._start()
         for worker in list(self._workers):
             if worker.task is not None:  # left busy by a stage that stopped on an error: its result is stale
                 self._replace(worker)
+        self._stage += 1
+        for worker in self._workers:  # each worker drops the last stage's models when this stage's first task comes
+            worker.held = {n for n in worker.held if not n.startswith(STAGE_PREFIX)}
+        repeated = repeated_models(tasks, returns_model)
         restarts = 0
         # largest estimated cost first, so a big task does not start last and leave workers idle
         pending = sorted(range(len(tasks)), key=lambda i: -(costs[i] if costs else 0.0))
@@ -334,9 +369,10 @@ class Executor:
                 if worker.task is None and pending:
                     i = pending.pop(0)
                     fn, kwargs = tasks[i]
-                    kwargs, new = pack(kwargs, self._resident, worker.held)
+                    kwargs, new = pack(kwargs, self._resident, worker.held, self._templates, self._stage, repeated,
+                                       returns_model)
                     try:
-                        worker.conn.send((i, fn, kwargs, returns_model))
+                        send(worker.conn, (i, fn, kwargs, returns_model, self._stage))
                     except (BrokenPipeError, EOFError, OSError) as err:  # the worker died while idle
                         restarts += 1
                         if restarts > 3 * len(self._workers):
@@ -345,7 +381,7 @@ class Executor:
                         pending.insert(0, i)
                         continue
                     worker.held.update(new)
-                    self.resident_sends += len(new)
+                    self.resident_sends += sum(not n.startswith(STAGE_PREFIX) for n in new)
                     worker.task, worker.started = i, None
                     busy[i] = worker
             if not busy:
@@ -361,7 +397,7 @@ class Executor:
                 reply = None
                 if worker.conn in ready:
                     try:
-                        reply = worker.conn.recv()
+                        reply = receive(worker.conn)
                     except (EOFError, OSError):
                         reply = None
                 if reply is not None and reply[1] is None:  # the worker has begun the task
@@ -370,7 +406,7 @@ class Executor:
                     busy.pop(i)
                     worker.task = None
                     index, ok, model, out = reply
-                    yield (index, model, out) if ok else self._failed(index, out, tolerate)
+                    yield (index, built(model, self._templates), out) if ok else self._failed(index, out, tolerate)
                 elif worker.process.sentinel in ready or not worker.process.is_alive():
                     busy.pop(i)
                     worker.process.join(timeout=10)
@@ -388,7 +424,7 @@ class Executor:
         for worker in self._workers:
             try:
                 if worker.task is None:
-                    worker.conn.send(None)
+                    send(worker.conn, None)
             except (BrokenPipeError, OSError):
                 pass
         for worker in self._workers:

@@ -5,7 +5,7 @@
 (:class:`~cosmos_pl.objectives.runtime.ClientRuntime`) run on the executor (in this process, or in its worker
 processes), the same tasks a Flower node runs. Models are replaced, never trained in place (the executor trains
 copies), so the model a client had when the round began is what it goes back to when it fails. It also sizes the
-executor's workers and checks ``/dev/shm`` from the clients' data it holds, keeps the round-0 cache
+executor's workers and plans their shared memory from the clients' data it holds, keeps the round-0 cache
 (``cosmos-pl compare``: round 0 trained once per seed for every algorithm), and it alone knows the true groups of the
 partition (:meth:`InProcessClients.simulation`).
 """
@@ -28,7 +28,6 @@ from cosmos_pl.communication import CommunicationConfig
 from cosmos_pl.data import Federation
 from cosmos_pl.errors import DivergenceError
 from cosmos_pl.federated.clients import ClientInfo, Clients, Scores, SimulationFacts
-from cosmos_pl.federated.devices import check_shared_memory, shared_memory_needed
 from cosmos_pl.federated.executor import Executor, TaskFailure
 from cosmos_pl.federated.initial_models import client_backbone, initial_model
 from cosmos_pl.federated.server_view import ServerView
@@ -77,14 +76,14 @@ class InProcessClients(Clients):
               server_model_bytes: Callable[[], int]) -> "InProcessClients":
         """The federation's clients with their initial models
         (:func:`~cosmos_pl.federated.initial_models.initial_model`), their data resident on ``executor``'s workers;
-        then ``executor``'s workers sized and ``/dev/shm`` checked for them (:meth:`size_workers`).
+        then ``executor``'s workers sized and their shared memory planned (:meth:`size_workers`).
 
         Args:
             server_model_bytes: float32 bytes of the largest server-side model (a teacher; 0 without one).
 
         Raises:
-            ConfigError: the clients cannot run ``algorithm`` (:meth:`Algorithm.validate`), or a parallel executor's
-                shared memory is too small (:func:`~cosmos_pl.federated.devices.check_shared_memory`).
+            ConfigError: the clients cannot run ``algorithm`` (:meth:`Algorithm.validate`), or ``/dev/shm`` cannot
+                hold the data of the parallel workers asked for (:meth:`Executor.plan_shared_memory`).
         """
         runtime, data = view.runtime, view.data
         backbones = [client_backbone(runtime.clients.backbones, i) for i in range(federation.num_clients)]
@@ -100,19 +99,20 @@ class InProcessClients(Clients):
                     executor.keep_resident(f"client {i} {split}", tensor)
         clients = cls(federation, backbones, models, runtime, view.communication, view.fingerprint, view.run_tasks,
                       executor.threads, algorithm.shared_init, view.console.print)
-        clients.size_workers(executor, data.in_chans * math.prod(data.image_shape), len(view.public),
-                             view.public.numel(), data.num_classes, server_model_bytes)
+        clients.size_workers(executor, data.in_chans * math.prod(data.image_shape), view.public.numel(),
+                             server_model_bytes)
         return clients
 
-    def size_workers(self, executor: Executor, sample_bytes: int, public_size: int, public_bytes: int,
-                     num_classes: int, server_model_bytes: Callable[[], int]) -> None:
+    def size_workers(self, executor: Executor, sample_bytes: int, public_bytes: int,
+                     server_model_bytes: Callable[[], int]) -> None:
         """``executor.workers_per_device: auto`` on GPUs: workers per GPU from the largest model (a client's or a
         teacher's, ``server_model_bytes()``) and the data a worker may keep on its GPU (every client's training set
-        and U, ``sample_bytes`` each for a client's sample); then, for a parallel executor, what a run may move into
-        shared memory must fit in ``/dev/shm``.
+        and U, ``sample_bytes`` each for a client's sample); then, for a parallel executor, whether the clients' data
+        and U fit in ``/dev/shm`` to be shared by the workers (:meth:`Executor.plan_shared_memory`). Each decision
+        the executor takes itself is logged as one line.
 
         Raises:
-            ConfigError: ``/dev/shm`` is too small (:func:`~cosmos_pl.federated.devices.check_shared_memory`).
+            ConfigError: ``/dev/shm`` cannot hold the data of the parallel workers asked for.
         """
         infos = self.infos
         if executor.cfg.workers_per_device == "auto" and any(d is not None for d in executor.devices):
@@ -122,16 +122,10 @@ class InProcessClients(Clients):
                 data_bytes=sum(c.train_size for c in infos) * sample_bytes + public_bytes, tasks=len(infos))
             if line:
                 self.log(line)
-                self.threads = executor.threads  # the round-0 cache is keyed by the threads per task
-        if executor.parallel:
-            workers = len(executor.slots)
-            check_shared_memory(shared_memory_needed(
-                samples=sum(c.train_size + c.test_size + c.validation_size for c in infos),
-                sample_bytes=sample_bytes + 8,  # uint8 pixels, int64 label
-                public_bytes=public_bytes,
-                upload_bytes=len(infos) * public_size * num_classes * 4,  # [|U|, M] float32 each
-                parameters=sum(c.parameters for c in infos), server_model_bytes=server_model_bytes(),
-                workers=workers), workers)
+        line = executor.plan_shared_memory()
+        if line:
+            self.log(line)
+        self.threads = executor.threads  # the round-0 cache is keyed by the threads per task
 
     # ----------------------------------------------------------------- helpers
     def _train(self, rnd: int, step: ClientStep, ids: list[int], targets: dict[int, Any]) -> dict[int, Any]:

@@ -77,6 +77,8 @@ class Runner:
         evaluate_every: score the clients every this many rounds, or ``"final"`` (round 0 and the final round
             always).
         headline_metric: ``top1`` or ``top5`` (M >= 20): what summary.json's headline and best round are judged by.
+        device: what the stages train on (:func:`cosmos_pl.training.cuda_check.describe_device`), kept in
+            summary.json as ``device``; None: not recorded.
 
     Raises:
         ValueError: bad settings, or a federation the algorithm cannot run (naming the field and the fix).
@@ -92,7 +94,8 @@ class Runner:
                  checkpoints: Optional[CheckpointConfig] = None, checkpoint_meta: Optional[dict[str, Any]] = None,
                  headline_metric: str = "top1", evaluate_every: int | str = 1,
                  clients_per_round: Optional[int | float] = None,
-                 transport: Optional[Callable[[ServerView], Clients]] = None) -> None:
+                 transport: Optional[Callable[[ServerView], Clients]] = None,
+                 device: Optional[dict[str, Any]] = None) -> None:
         if rounds < 1:
             raise ValueError(f"rounds={rounds}: at least 1 communication round is needed")
         if not clients.backbones:
@@ -105,6 +108,7 @@ class Runner:
         self.failure_cfg, self.checkpoint_cfg = failures or FailureConfig(), checkpoints or CheckpointConfig()
         self.checkpoint_meta, self.headline_metric = dict(checkpoint_meta or {}), headline_metric
         self.evaluate_every, self.clients_per_round = evaluate_every, clients_per_round
+        self.device = device  # what the stages train on (fit's first line), kept in summary.json
         self.taking_part: Optional[list[int]] = None  # this round's sampled clients (None: every client)
         self.executor = Executor(executor or ExecutorConfig(), self.trainer.accelerator)
         self.run_tasks = TaskRunner(self.executor, self.console, self.failure_cfg.timeout_s)
@@ -340,10 +344,17 @@ class Runner:
         self.executor.close()
 
     def summary(self, wall: float) -> dict[str, Any]:
-        """The headline, the best round, round 0, clusters, communication and timings (:func:`summarize_run`)."""
-        return summarize_run(self.recorder.rows, self.algorithm, self.headline_metric, self.clusters_info, self.comm,
-                             self.rounds, len(self.public), self.server.num_classes, self.extra_bytes,
-                             self.clients.infos, self.state.failures, wall, self.run_tasks.timer, self.round_seconds)
+        """The headline, the best round, round 0, clusters, communication and timings (:func:`summarize_run`), and
+        the device the stages trained on where it was given, with the executor's workers and threads per task."""
+        summary = summarize_run(self.recorder.rows, self.algorithm, self.headline_metric, self.clusters_info,
+                                self.comm, self.rounds, len(self.public), self.server.num_classes, self.extra_bytes,
+                                self.clients.infos, self.state.failures, wall, self.run_tasks.timer,
+                                self.round_seconds)
+        if self.device is not None:  # with the executor's final choice: parallel workers (0: in this process)
+            ex = self.executor
+            summary["device"] = {**self.device, "workers": len(ex.slots) if ex.parallel else 0,
+                                 "threads_per_task": ex.threads}
+        return summary
 
     # ----------------------------------------------------------------- checkpoints
     def _checkpoint(self, rnd: int, start: float) -> None:

@@ -32,7 +32,9 @@ class TrainerConfig:
     """Where and how every stage's Lightning Trainer runs.
 
     Args:
-        accelerator: "auto" (CUDA when available, else CPU), "cpu", "gpu" or "cuda".
+        accelerator: "auto" (CUDA when available, else CPU), "cpu", "gpu" or "cuda" (the GPU or nothing: without
+            CUDA the run is refused, saying why and how to install a matching torch). The run's first line names
+            the device it uses.
         precision: Lightning precision for training and autocast for inference: "32-true", "bf16-mixed", "16-mixed".
         inference_batch_size: batch size for pseudo-labels on U and for evaluation (no gradients); unset: 1024 on
             a GPU, 128 on the CPU, where large batches run slower (see :func:`inference_batch`).
@@ -87,12 +89,15 @@ def apply_determinism(cfg: TrainerConfig) -> None:
 
 
 def resolve_device(accelerator: str) -> torch.device:
-    """The torch device for ``accelerator``; raises ValueError for "gpu"/"cuda" without CUDA."""
+    """The torch device for ``accelerator``; raises ValueError for "gpu"/"cuda" without CUDA, saying why and the fix
+    (:func:`~cosmos_pl.training.cuda_check.cuda_unavailable_reason`)."""
     if accelerator == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if accelerator in ("gpu", "cuda"):
         if not torch.cuda.is_available():
-            raise ValueError(f"trainer.accelerator={accelerator!r} but CUDA is not available; use 'cpu' or 'auto'")
+            from cosmos_pl.training.cuda_check import cuda_unavailable_reason
+
+            raise ValueError(f"trainer.accelerator={accelerator!r}: CUDA is not available: {cuda_unavailable_reason()}")
         return torch.device("cuda")
     return torch.device("cpu")
 

@@ -53,7 +53,9 @@ class FashionMNIST(ImageDataset):
         return found
 
     def load(self) -> ImageData:
-        """Load Fashion-MNIST; x is uint8 [N, 1, 28, 28].
+        """Load Fashion-MNIST; x is uint8 [N, 1, 28, 28]. Its ``name`` says where the images came from (the fit's
+        set-up line and ``partition.json`` show it): Debian's package, torchvision's copy already in ``root``, or a
+        download into ``root``.
 
         Raises:
             FileNotFoundError: neither the Debian folder nor ``root`` has the data and
@@ -75,13 +77,20 @@ class FashionMNIST(ImageDataset):
                     plain.append(str(out))
                 xtr, ytr = read_image_file(plain[0]), read_label_file(plain[1])
                 xte, yte = read_image_file(plain[2]), read_label_file(plain[3])
-            return ImageData(self.name, xtr.unsqueeze(1), ytr, xte.unsqueeze(1), yte, classes, self.SYSTEM_DIR)
+            return ImageData(f"{self.name} (Debian's dataset-fashion-mnist)", xtr.unsqueeze(1), ytr,
+                             xte.unsqueeze(1), yte, classes, self.SYSTEM_DIR)
 
-        how = "apt-get install dataset-fashion-mnist (offline Debian package)"
+        folder = Path(self.root) / "FashionMNIST"
+        # torchvision reads the four files from raw/ (the .gz ones it unpacks there itself: no network needed)
+        present = [all((folder / "raw" / f"{stem}{ext}").is_file() for stem in self.FILES) for ext in ("", ".gz")]
+        how = (f"as root or with sudo: apt-get install dataset-fashion-mnist (Debian's package); without root: with "
+               f"download: true and network access torchvision downloads it into {folder / 'raw'}, or put the four "
+               f"IDX .gz files ({', '.join(f'{stem}.gz' for stem in self.FILES)}) there (read with download: true)")
         looked_at = [self.SYSTEM_DIR, self.root]
         tr, te = torchvision_pair("FashionMNIST", torchvision.datasets.FashionMNIST, self.root, self.download, how, looked_at)
-        return ImageData(self.name, tr.data.unsqueeze(1), tr.targets.long(), te.data.unsqueeze(1), te.targets.long(), classes,
-                         self.root)
+        got = "read from" if any(present) else "downloaded by torchvision into"
+        return ImageData(f"{self.name} ({got} {folder})", tr.data.unsqueeze(1), tr.targets.long(),
+                         te.data.unsqueeze(1), te.targets.long(), classes, self.root)
 
 
 class Digits(ImageDataset):
