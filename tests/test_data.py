@@ -105,6 +105,18 @@ def test_fashion_mnist_says_where_its_images_came_from(tmp_path, monkeypatch):
     assert d.x_train.shape == (3, 1, 28, 28) and d.y_train.tolist() == [0, 1, 2]
     d = FashionMNIST(root=str(root), download=False).load()  # the same files, there already
     assert d.name == f"fashion_mnist (read from {root / 'FashionMNIST'})"
+    # the four .gz files put in raw/ by hand (compressed by anyone: torchvision would want its own MD5s and go to the
+    # network): unpacked beside themselves and read, nothing downloaded
+    by_hand = tmp_path / "by_hand"
+    _write_idx(by_hand / "FashionMNIST" / "raw", gz=True)
+    d = FashionMNIST(root=str(by_hand), download=False).load()  # torchvision would raise without the unpacked files
+    assert d.name == f"fashion_mnist (read from {by_hand / 'FashionMNIST'})"
+    assert d.x_train.shape == (3, 1, 28, 28) and d.y_train.tolist() == [0, 1, 2]
+    (by_hand / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
+    (by_hand / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte.gz").write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match=r"t10k-labels-idx1-ubyte.gz: not a complete gzip file"):
+        FashionMNIST(root=str(by_hand), download=False).load()
+    assert sorted(p.name for p in (by_hand / "FashionMNIST" / "raw").iterdir() if p.name.startswith(".")) == []
 
 
 @pytest.mark.skipif(not SHARED_NPZ.is_file(), reason=f"{SHARED_NPZ} absent")

@@ -4,6 +4,7 @@ and CIFAR-10, CIFAR-100 and EMNIST Balanced via torchvision."""
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -52,6 +53,28 @@ class FashionMNIST(ImageDataset):
             found.append(hit)
         return found
 
+    def _unpack(self, raw: Path) -> None:
+        """Gunzip the four IDX .gz files in ``raw`` beside themselves (each written whole, then renamed). torchvision
+        unpacks only the .gz files whose MD5 matches its own download; the same files compressed again (Debian's
+        package, a mirror) would send it to the network, while it reads unpacked ones as they are.
+
+        Raises:
+            ValueError: a file that is not gzip data, naming it.
+        """
+        for stem in self.FILES:
+            target = raw / stem
+            if target.is_file():
+                continue
+            with tempfile.NamedTemporaryFile(dir=raw, prefix=f".{stem}.", delete=False) as dst:
+                try:
+                    with gzip.open(raw / f"{stem}.gz") as src:
+                        shutil.copyfileobj(src, dst)
+                except (OSError, EOFError) as err:
+                    Path(dst.name).unlink()
+                    raise ValueError(f"{raw / (stem + '.gz')}: not a complete gzip file ({err}); replace it with "
+                                     f"Fashion-MNIST's {stem}.gz") from None
+            os.replace(dst.name, target)
+
     def load(self) -> ImageData:
         """Load Fashion-MNIST; x is uint8 [N, 1, 28, 28]. Its ``name`` says where the images came from (the fit's
         set-up line and ``partition.json`` show it): Debian's package, torchvision's copy already in ``root``, or a
@@ -81,8 +104,9 @@ class FashionMNIST(ImageDataset):
                              xte.unsqueeze(1), yte, classes, self.SYSTEM_DIR)
 
         folder = Path(self.root) / "FashionMNIST"
-        # torchvision reads the four files from raw/ (the .gz ones it unpacks there itself: no network needed)
         present = [all((folder / "raw" / f"{stem}{ext}").is_file() for stem in self.FILES) for ext in ("", ".gz")]
+        if present[1] and not present[0]:
+            self._unpack(folder / "raw")
         how = (f"as root or with sudo: apt-get install dataset-fashion-mnist (Debian's package); without root: with "
                f"download: true and network access torchvision downloads it into {folder / 'raw'}, or put the four "
                f"IDX .gz files ({', '.join(f'{stem}.gz' for stem in self.FILES)}) there (read with download: true)")
