@@ -7,6 +7,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -70,13 +71,15 @@ def emit(figures: dict) -> None:
     print(json.dumps({**figures, "machine": machine()}, sort_keys=True))
 
 
-def ptc_uploads(config: Path, seed: int, num_clients: int, cache: Path, round0: Path) -> tuple:
+def ptc_uploads(config: Path, seed: int, num_clients: int, cache: Path, round0: Path,
+                extra: Sequence[str] = (), tag: str = "") -> tuple:
     """``(uploads [N, n, M], true groups [N])`` of a config's first COSMOS round: round 0 as ``cosmos-pl fit`` trains
     it (kept in the round-0 cache ``round0``), then every client's soft upload on U, what the server clusters.
-    ``num_clients`` 0 keeps the config's N. Kept in ``cache`` as .npz by config, N and seed."""
+    ``num_clients`` 0 keeps the config's N; ``extra``: more fit flags (e.g. ``--clients.pretrain_epochs 1``), named
+    by ``tag`` in the cache. Kept in ``cache`` as .npz by config, N, tag and seed."""
     import numpy as np
 
-    target = cache / f"{config.stem}_n{num_clients}_s{seed}.npz"
+    target = cache / f"{config.stem}_n{num_clients}{tag}_s{seed}.npz"
     if target.is_file():
         got = np.load(target)
         return torch.from_numpy(got["uploads"]), got["groups"]
@@ -99,6 +102,7 @@ def ptc_uploads(config: Path, seed: int, num_clients: int, cache: Path, round0: 
     args = ["--config", str(config), "--seed", str(seed), "--wandb.mode", "disabled"]
     if num_clients:
         args += ["--data.num_clients", str(num_clients)]
+    args += list(extra)
     parser = build_fit_parser()
     cfg = parser.parse_args(args)
     init = parser.instantiate(cfg)

@@ -1,7 +1,9 @@
-"""The default rule, ``b0: auto`` (cluster by cluster: average linkage, then each cluster on its own silhouette and
-persistence), on hand-made distance matrices: one overlapping pair, an outlier, a client nearer another cluster,
-two groups whose distances interleave, identical clients. Every silhouette below is worked out by hand:
-s = (b - a) / max(a, b), a the mean distance to the client's own cluster, b the smallest mean distance to another."""
+"""The default rule, ``b0: auto`` (cluster by cluster: average linkage, the cut kept where it beats chance, each kept
+cluster tested again inside), and ``b0: silhouette_floor`` (the same with each cluster kept on its own silhouette
+and persistence), on hand-made distance matrices: one overlapping pair, an outlier, a client nearer another
+cluster, two groups whose distances interleave, identical clients. Every silhouette below is worked out by hand:
+s = (b - a) / max(a, b), a the mean distance to the client's own cluster, b the smallest mean distance to another.
+The chance tests themselves are in tests/test_chance.py."""
 
 import numpy as np
 import pytest
@@ -63,29 +65,32 @@ def test_an_outlier_stays_alone_while_the_rest_cluster():
 
 
 def test_a_client_nearer_another_cluster_on_average_leaves_its_own():
-    # 0-2: 0.3, 0-1: 0.5, 1-2: 0.9; {3,4,5} 0.5 inside; 2 is 0.55 from each of 3-5; every other pair 1.2.
-    # Average linkage joins 0 and 2 (0.3), then 1 (mean 0.7 < their mean 0.875 to {3,4,5}): the best cut is
-    # {0,1,2}, {3,4,5} (mean silhouette 0.4124 against 0.357 for {0,2}, {1}, {3,4,5}). In it client 2 has
-    # a = mean(0.3, 0.9) = 0.6 and b = 0.55: s = -0.0833, it is nearer the other cluster, so it leaves.
-    pairs = {(0, 1): 0.5, (0, 2): 0.3, (1, 2): 0.9, (3, 4): 0.5, (3, 5): 0.5, (4, 5): 0.5,
-             (2, 3): 0.55, (2, 4): 0.55, (2, 5): 0.55}
-    d = _matrix(6, 1.2, pairs)
+    # 0-2: 0.3, 0-1: 0.5, 1-2: 0.9; {3,4,5}, {6,7,8} and {9,10,11} 0.5 inside; 2 is 0.55 from each of 3-5; every other
+    # pair 1.2. Average linkage joins 0 and 2 (0.3), then 1 (mean 0.7 < their mean 0.875 to {3,4,5}): the best cut is
+    # the four triples. In it client 2 has a = mean(0.3, 0.9) = 0.6 and b = 0.55: s = -0.0833, it is nearer the other
+    # cluster, so it leaves.
+    pairs = {(0, 1): 0.5, (0, 2): 0.3, (1, 2): 0.9, (2, 3): 0.55, (2, 4): 0.55, (2, 5): 0.55, **_groups([3, 3, 3, 3], 0.5)}
+    pairs[(0, 1)], pairs[(0, 2)], pairs[(1, 2)] = 0.5, 0.3, 0.9
+    d = _matrix(12, 1.2, pairs)
     found = per_cluster_clustering(d)
-    assert found.start.tolist() in ([0, 0, 0, 1, 1, 1], [1, 1, 1, 0, 0, 0])
-    assert silhouettes(d, found.start) == pytest.approx([(1.2 - 0.4) / 1.2, (1.2 - 0.7) / 1.2, (0.55 - 0.6) / 0.6,
-                                                          *[(2.95 / 3 - 0.5) / (2.95 / 3)] * 3])
-    assert found.left == [2]
-    # {0, 1} without 2: a = 0.5, b = 1.2 (the start's other cluster) -> 0.5833 >= the floor; it persists: joined at
-    # 0.7 (with 2), and that node joins the rest at (6 * 1.2 + 3 * 0.55) / 9 = 0.9833: 1.40 >= PERSISTENCE
+    assert sorted(np.unique(found.start, return_counts=True)[1].tolist()) == [3, 3, 3, 3]
+    assert len(set(found.start[:3].tolist())) == 1
+    assert silhouettes(d, found.start)[:6] == pytest.approx([(1.2 - 0.4) / 1.2, (1.2 - 0.7) / 1.2, (0.55 - 0.6) / 0.6,
+                                                              *[(2.95 / 3 - 0.5) / (2.95 / 3)] * 3])
+    assert found.left == [2] and found.tests[0][2] <= 0.05  # the cut beats chance
+    assert cluster_clients("auto", d).clusters == [[0, 1], [2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    # silhouette_floor: {0, 1} without 2: a = 0.5, b = 1.2 (the start's other clusters) -> 0.5833 >= the floor; it
+    # persists: joined at 0.7 (with 2), and that node joins the rest at (6 * 1.2 + 3 * 0.55) / 9 = 0.9833: 1.40
     assert 0.9833 / 0.7 >= PERSISTENCE and (1.2 - 0.5) / 1.2 >= FLOOR
-    assert cluster_clients("auto", d).clusters == [[0, 1], [2], [3, 4, 5]]
+    assert cluster_clients("silhouette_floor", d).clusters == [[0, 1], [2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
 
 
 def test_two_groups_whose_distances_interleave_are_not_merged():
     # {0,1,2} and {3,4,5}: all 15 distances in one band 0.70-0.84, within-group pairs taking every third rank, so
     # within and between distances interleave. The best cut is every client but 5 against 5 (mean silhouette
     # 0.0591): client 0 there has a = mean(0.70, 0.73, 0.71, 0.72) = 0.715 and b = 0.74, s = 0.0338; no cluster is
-    # kept (mean silhouette of the five 0.0591 < the floor; it persists 0.802 / 0.775 = 1.03 < PERSISTENCE).
+    # kept: under auto the cut does not beat chance (shuffles of these 15 distances make cuts as good), under
+    # silhouette_floor the five's mean silhouette 0.0591 < the floor (and it persists 0.802 / 0.775 = 1.03 < 1.2).
     d = np.array([[0.00, 0.70, 0.73, 0.71, 0.72, 0.74],
                   [0.70, 0.00, 0.76, 0.75, 0.77, 0.78],
                   [0.73, 0.76, 0.00, 0.80, 0.81, 0.83],
@@ -97,6 +102,9 @@ def test_two_groups_whose_distances_interleave_are_not_merged():
     s = silhouettes(d, found.start)
     assert s[0] == pytest.approx((0.74 - 0.715) / 0.74) and s[:5].mean() < FLOOR
     assert found.labels.tolist() == list(range(6)) and found.alone_dissolved == [0, 1, 2, 3, 4]
+    assert found.tests[0][1] == pytest.approx(silhouettes(d, found.start).mean()) and found.tests[0][2] > 0.05
+    floor = per_cluster_clustering(d, keep="floor")
+    assert floor.labels.tolist() == list(range(6)) and floor.alone_dissolved == [0, 1, 2, 3, 4]
     # where the threshold rules merge the two groups into one teacher, auto does not
     assert cluster_clients("silhouette", d).clusters == [[0, 1, 2, 3, 4], [5]]
     assert cluster_clients("otsu", d).clusters == [list(range(6))]
@@ -114,12 +122,14 @@ def test_identical_clients_stay_together_and_no_structure_gives_no_cluster():
 
 
 def test_bad_settings_are_refused_naming_the_value():
-    with pytest.raises(ValueError, match=r"b0='kmeans': give a number >= 0 .* 'auto'"):
+    with pytest.raises(ValueError, match=r"b0='kmeans': give a number >= 0 .* 'auto' .* 'silhouette_floor'"):
         cluster_clients("kmeans", np.zeros((3, 3)))
     with pytest.raises(ValueError, match=r"b0=-0.5: the threshold must be a number >= 0"):
         cluster_clients(-0.5, np.zeros((3, 3)))
     with pytest.raises(ValueError, match="square"):
         per_cluster_clustering(np.zeros((3, 2)))
+    with pytest.raises(ValueError, match=r"keep='median': give 'chance' or 'floor'"):
+        per_cluster_clustering(np.zeros((3, 3)), keep="median")
 
 
 def test_uninformative_clients_are_placed_with_the_nearest_informative_client():
@@ -131,8 +141,8 @@ def test_uninformative_clients_are_placed_with_the_nearest_informative_client():
     d = _matrix(6, 1.0, pairs)
     # read as ordinary clients, the three priors form the tightest cluster (a = 0.2; b = mean(0.6, 1.2, 1.2) = 1.0
     # for each: s = 0.8; formed at 0.2, joined to the rest at a mean of 1.0 or more: persistence >= 5): one teacher
-    # for three groups
-    assert cluster_clients("auto", d).clusters == [[0], [1], [2], [3, 4, 5]]
+    # for three groups under silhouette_floor
+    assert cluster_clients("silhouette_floor", d).clusters == [[0], [1], [2], [3, 4, 5]]
     # placed last: the three informative clients are equally far apart, no cut of them has 2 <= K <= 2, so each is
     # alone; each prior joins the informative client nearest it (0.6 against 1.2)
     found = cluster_clients("auto", d, uninformative=[3, 4, 5])
@@ -152,15 +162,19 @@ def test_uninformative_clients_are_placed_with_the_nearest_informative_client():
 
 def test_a_documented_limit_two_groups_nearer_each_other_than_the_rest_pass_as_one():
     # groups {0,1,2}, {3,4,5}, {6,7,8}, {9,10,11}, 0.3 apart inside; the first two 0.6 from each other, every other
-    # pair 1.0. Average linkage joins the first two at 0.6, far below the 1.0 at which they meet the rest: the pair
-    # of groups persists (1.0 / 0.6 = 1.67 >= PERSISTENCE) and its silhouette (a = (2 * 0.3 + 3 * 0.6) / 5 = 0.48,
-    # b = 1.0: 0.52) clears the floor, so it is kept as one cluster. README's "Choosing B0" names this limit.
+    # pair 1.0. The best cut joins the first two (K = 3): a = (2 * 0.3 + 3 * 0.6) / 5 = 0.48, b = 1.0 for each of
+    # them, s = 0.52; 0.7 for the other six: mean (6 * 0.52 + 6 * 0.7) / 12 = 0.61, which beats chance, so auto keeps
+    # the pair of groups as one cluster. silhouette_floor does too: it persists (1.0 / 0.6 = 1.67 >= PERSISTENCE)
+    # and 0.52 clears the floor. The "Choosing B0" docs name this limit.
     g = np.repeat(np.arange(4), 3)
     d = np.where(g[:, None] == g[None, :], 0.3, 1.0)
     d[np.ix_(g < 2, g < 2)] = np.where(g[g < 2][:, None] == g[g < 2][None, :], 0.3, 0.6)
     np.fill_diagonal(d, 0.0)
-    assert cluster_clients("auto", d).clusters == [[0, 1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    found = cluster_clients("auto", d)
+    assert found.start_k == 3 and found.clusters == [[0, 1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert found.tests[0][:2] == (12, pytest.approx(0.61)) and found.tests[0][2] <= 0.05
     assert 1.0 / 0.6 >= PERSISTENCE and (1.0 - 0.48) / 1.0 >= FLOOR
+    assert cluster_clients("silhouette_floor", d).clusters == [[0, 1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11]]
 
 
 def test_an_uninformative_client_no_cluster_clearly_claims_keeps_a_teacher_of_its_own():

@@ -61,9 +61,9 @@ class COSMOS(Algorithm):
 
     Args:
         teacher_backbone: the teachers' architecture (paper: vgg16), one per cluster.
-        b0: how clients are clustered. A number: Algorithm 1 at that threshold B0 on the L1 distance per public sample (in [0, 2]). 'auto' (default): cluster by cluster, no single threshold: the best-silhouette cut of an average-linkage hierarchy, then a client on average nearer another cluster leaves its own, and a cluster is kept only at a mean silhouette >= 0.2 that persists in the hierarchy (its clients keep teachers of their own otherwise); a client that uploads one distribution for every public sample is left out of these steps and joins the cluster of the informative client nearest it. Threshold rules for Algorithm 1: 'strict': the best silhouette among the clusterings that separate their clusters over the whole federation, else every client alone (the default before 'auto'); 'silhouette': the best silhouette among all; 'otsu': Otsu's threshold on the distances; 'inf': one cluster.
+        b0: how clients are clustered. A number: Algorithm 1 at that threshold B0 on the L1 distance per public sample (in [0, 2]). 'auto' (default): cluster by cluster, no single threshold: the best-silhouette cut of an average-linkage hierarchy, then a client on average nearer another cluster leaves its own, and the cut is kept only where it beats chance: its mean silhouette above that of the best cut the same procedure finds in each of 19 shuffles of the distances (every client keeps a teacher of its own otherwise); 'silhouette_floor': the same with the keep rule 'auto' had before (a mean silhouette >= 0.2 that persists in the hierarchy); a client that uploads one distribution for every public sample is left out of these steps and joins the cluster of the informative client nearest it. Threshold rules for Algorithm 1: 'strict': the best silhouette among the clusterings that separate their clusters over the whole federation, else every client alone (the default before 'auto'); 'silhouette': the best silhouette among all; 'otsu': Otsu's threshold on the distances; 'inf': one cluster.
         distance: client distance: 'l1' (the paper's, on the soft pseudo-labels), 'l1_hard' (L1 on the one-hot pseudo-labels: twice the fraction of U two clients label differently; it ignores confidence, which the soft distance mixes in) or 'l2'.
-        confidence_floor: before the distances, a client whose mean top probability on U is below this is re-tempered (p^beta, renormalized) up to about it, so that flat outputs do not look alike whatever classes they favour; clients above it are compared as uploaded, and the teachers always learn from the uploads as sent. null (default): 0.5 under b0 'auto', 0 (the paper's plain distance) under any other b0, so a number or 'strict' reads the distances they read before; a number applies to every b0. Not used with distance 'l1_hard' (the argmax, which re-tempering keeps).
+        confidence_floor: before the distances, a client whose mean top probability on U is below this is re-tempered (p^beta, renormalized) up to about it, so that flat outputs do not look alike whatever classes they favour; clients above it are compared as uploaded, and the teachers always learn from the uploads as sent. null (default): 0.5 under b0 'auto' and 'silhouette_floor', 0 (the paper's plain distance) under any other b0, so a number or 'strict' reads the distances they read before; a number applies to every b0. Not used with distance 'l1_hard' (the argmax, which re-tempering keeps).
         aggregation: how a cluster's pseudo-labels are combined: mean (paper), median or max.
         ptc_epochs: teacher epochs over U in the PTC round (round 1), training from scratch.
         teacher_epochs: teacher fine-tuning epochs over U in every IFFT round.
@@ -89,7 +89,7 @@ class COSMOS(Algorithm):
     def __init__(
         self,
         teacher_backbone: str = "resnet10t",
-        b0: Union[float, Literal["auto", "strict", "silhouette", "otsu", "inf"]] = "auto",
+        b0: Union[float, Literal["auto", "silhouette_floor", "strict", "silhouette", "otsu", "inf"]] = "auto",
         distance: Literal["l1", "l1_hard", "l2"] = "l1",
         confidence_floor: Optional[float] = None,
         aggregation: Literal["mean", "median", "max"] = "mean",
@@ -121,7 +121,7 @@ class COSMOS(Algorithm):
         check_setting("distance", distance, distance in ("l1", "l1_hard", "l2"), "'l1' (paper), 'l1_hard' or 'l2'")
         check_setting("confidence_floor", confidence_floor, confidence_floor is None or 0 <= confidence_floor < 1,
                       "a mean top probability in [0, 1) (0: the paper's plain distance), or null "
-                      f"({DEFAULT_CONFIDENCE_FLOOR} under b0 'auto', 0 otherwise)")
+                      f"({DEFAULT_CONFIDENCE_FLOOR} under b0 'auto' and 'silhouette_floor', 0 otherwise)")
         check_backbone_name(teacher_backbone, "algorithm.init_args.teacher_backbone")  # before any data is loaded
         try:  # a bad B0 fails now, not after round 0 has trained
             check_b0(b0)
@@ -130,7 +130,7 @@ class COSMOS(Algorithm):
         self.teacher_backbone, self.b0, self.distance, self.aggregation = teacher_backbone, b0, distance, aggregation
         # the floor is part of the default rule; the threshold rules keep the paper's distance unless asked
         self.confidence_floor = (confidence_floor if confidence_floor is not None else
-                                 DEFAULT_CONFIDENCE_FLOOR if b0 == "auto" else 0.0)
+                                 DEFAULT_CONFIDENCE_FLOOR if b0 in ("auto", "silhouette_floor") else 0.0)
         self.ptc_epochs, self.teacher_epochs, self.teacher_batch_size = ptc_epochs, teacher_epochs, teacher_batch_size
         self.teacher_optimizer = teacher_optimizer
         self.teacher_finetune_optimizer = teacher_finetune_optimizer
@@ -197,13 +197,13 @@ class COSMOS(Algorithm):
                          f"probability under {self.confidence_floor}): re-tempered toward it for the distances only")
         found = cluster_clients(self.b0, self.distances, uninformative=got.uninformative)
         if constant:
-            if self.b0 != "auto":
+            if self.b0 not in ("auto", "silhouette_floor"):
                 how = ""
             elif found.read_all:
-                how = (" (too few informative clients to place them by: b0 auto read every client, so these may share "
+                how = (f" (too few informative clients to place them by: b0 {self.b0} read every client, so these may share "
                        "a teacher for their priors' sake)")
             else:
-                how = " (b0 auto placed them after the others: see the clustering line)"
+                how = f" (b0 {self.b0} placed them after the others: see the clustering line)"
             self.ctx.log(f"warning: client(s) {constant} uploaded nearly the same pseudo-label for every public sample "
                          "(they learnt little beyond their label prior): their distances compare priors, not data"
                          f"{how}. Raise clients.pretrain_epochs or give them more data")

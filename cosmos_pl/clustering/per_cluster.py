@@ -1,9 +1,8 @@
-"""The default clustering rule, ``b0: auto``: average-linkage clusters, each kept only where its own clients
-support it.
+"""The default clustering rule, ``b0: auto``: average-linkage clusters, kept where the cut beats chance.
 
-Algorithm 1 with one threshold B0 treats every cluster alike, and a rule that judges the whole clustering at once
-(``strict``) gives up on every cluster when one pair of clients overlaps. This rule decides cluster by cluster,
-from the client distances alone (never from group ids):
+Algorithm 1 with one threshold B0 treats every cluster alike, and a rule that judges the whole clustering by its
+overlap (``strict``) gives up on every cluster when one pair of clients overlaps. This rule reads the client
+distances alone (never group ids):
 
 1. **A hierarchy.** Average linkage (UPGMA; Sokal and Michener, 1958) over the ``[N, N]`` distances: clusters are
    merged in order of their mean pairwise distance, so a client that lies between groups does not chain them (as
@@ -12,14 +11,17 @@ from the client distances alone (never from group ids):
 2. **A start.** The flat cut of that hierarchy with the best mean silhouette (Rousseeuw, 1987), over
    ``2 <= K <= N - 1`` (every cut while there are at most :data:`EXHAUSTIVE_CUTS` of them; above, every K up to 48,
    a geometric grid beyond, and every K around the grid's best).
-3. **Each cluster on its own evidence**, judged against the other clusters of the start (they stay fixed, so one
-   cluster's verdict does not shift another's):
+3. **The cut against chance** (``keep="chance"``, ``b0: auto``; :mod:`~cosmos_pl.clustering.chance`): the start
+   cut is kept only where its mean silhouette beats what steps 1-2 find in shuffles of the same distances (a
+   permutation test). Where it is kept, a client whose silhouette is negative (on average nearer the clients of
+   another cluster than those of its own; judged against the start's other clusters, fixed, so one cluster's
+   verdict does not shift another's) leaves its cluster and keeps a teacher of its own.
 
-   - a client whose silhouette is negative (on average nearer the clients of another cluster than those of its
-     own) leaves its cluster and keeps a teacher of its own;
-   - the cluster is kept if its clients' mean silhouette reaches :data:`FLOOR` and it is persistent: the hierarchy
-     joins it to the rest at a mean distance at least :data:`PERSISTENCE` times the one at which its own clients
-     were joined (Fred and Jain's lifetime, 2005); otherwise its clients keep teachers of their own.
+   Where it is not kept, every client keeps a teacher of its own. ``keep="floor"`` (``b0: silhouette_floor``, the
+   rule ``auto`` was before) keeps each cluster instead on its own silhouette: after the clients that left, at a
+   mean silhouette of :data:`FLOOR` and a persistence of :data:`PERSISTENCE` (the hierarchy joins it to the rest at
+   a mean distance at least that many times the one at which its own clients were joined; Fred and Jain's
+   lifetime, 2005).
 
 4. **Uninformative clients placed last.** A client whose upload is (nearly) the same distribution for every public
    sample (its spread under :data:`~cosmos_pl.clustering.distances.CONSTANT_SPREAD`: typically a model that learnt
@@ -34,16 +36,24 @@ from the client distances alone (never from group ids):
    :data:`MIN_INFORMATIVE` informative clients nothing is placed and steps 1-3 read every client.
 
 So an overlapping pair costs at most the clients involved; a client that fits no cluster stays alone without
-sending the others to their own teachers; a cut that joins clients whose uploads disagree (a cluster of every
-client but one, when no group stands out) is dissolved rather than trained as one teacher. Cost: the linkage O(N^2)
-time (nearest-neighbour chain) and memory, each silhouette O(N^2), at most about 2 * :data:`EXHAUSTIVE_CUTS` of
-them (``benchmarks/server_scale.py`` times N = 2,000 and 10,000).
+sending the others to their own teachers; a cut no better than the same distances shuffled (a cluster of every
+client but one, when no group stands out) is not trained as one teacher. Cost: the linkage O(N^2) time
+(nearest-neighbour chain) and memory, each silhouette O(N^2), at most about 2 * :data:`EXHAUSTIVE_CUTS` of them;
+the chance test repeats steps 1-2 on 19 shuffles of at most :data:`~cosmos_pl.clustering.chance.NULL_CLIENTS`
+clients (``benchmarks/server_scale.py`` times N = 2,000 and 10,000).
 
-Limits: groups whose uploads are much closer to each other than to the rest (two groups 0.6 from each other and
-1.0 from all others, 0.3 within) pass as one cluster (``tests/test_per_cluster.py``); where groups overlap in most of
-their pairs it leaves more clients alone than the best threshold would, and a weak client whose uploads sit between
-two groups can join the wrong one (``benchmarks/cluster_recovery.py`` gives the figures). Clients whose uploads are
-flat but not constant are compared after the confidence floor (:mod:`~cosmos_pl.clustering.confidence`), not here.
+Limits: shuffles keep the distances' values and move them, so the test reads how the small distances are
+arranged (into groups whose clients are all close to each other), not how small they are: a pair of close clients
+among unrelated ones is no evidence (some pair is always closest), so a cut of a few pairs and many clients alone
+is kept only where the rest of it beats chance; below :data:`CHANCE_MIN_CLIENTS` clients there is no test and
+clusters are kept as ``silhouette_floor`` keeps them. Groups whose uploads are much closer to each other than to the rest (two groups 0.6 from each other and
+1.0 from all others, 0.3 within) pass as one cluster, as the best cut joins them (``tests/test_per_cluster.py``;
+testing each kept cluster again inside split them, but split true groups of 50 and 100 planted clients too, so it
+was left out); a permutation test at p <= 0.05 keeps a structureless cut about one time in twenty (then clients
+whose uploads disagree share teachers); with few clients the shuffles make good cuts often, so at N <= 6 only a clear
+structure beats them (``tests/test_per_cluster.py``); a weak client whose uploads sit between two groups can join the
+wrong one (``benchmarks/cluster_recovery.py`` gives the figures). Clients whose uploads are flat but not constant are
+compared after the confidence floor (:mod:`~cosmos_pl.clustering.confidence`), not here.
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ from typing import Sequence
 
 import numpy as np
 
+from cosmos_pl.clustering import chance
 from cosmos_pl.clustering.threshold import FLOOR, silhouettes  # FLOOR lives there: the structure report reads it
 
 __all__ = ["FLOOR", "PERSISTENCE", "EXHAUSTIVE_CUTS", "MIN_INFORMATIVE", "PLACEMENT_MARGIN", "PerCluster",
@@ -78,6 +89,12 @@ MIN_INFORMATIVE = 3
 #: (all of a client's own group) had ratios 0.40 (median) to 0.74.
 PLACEMENT_MARGIN = 0.8
 
+#: ``auto`` tests the cut against chance from this many (informative) clients; with fewer it keeps clusters as
+#: ``silhouette_floor`` does. Shuffles of at most 10 distances reproduce any cut too often for a test at 0.05: two
+#: pairs among 4 clients come back in 1 shuffle of 5, a triangle among 5 clients in 1 of 12.
+CHANCE_MIN_CLIENTS = 6
+
+
 
 @dataclass
 class PerCluster:
@@ -94,6 +111,8 @@ class PerCluster:
         unplaced: uninformative clients step 4 left alone (no informative cluster clearly nearest).
         read_all: True where uninformative clients were named but too few informative ones remained
             (:data:`MIN_INFORMATIVE`), so steps 1-3 read every client and nothing was placed.
+        tests: (``keep="chance"``) the chance test of the start cut, ``[(clients, mean silhouette, p-value)]``
+            (:mod:`~cosmos_pl.clustering.chance`); empty where there was no cut to test.
     """
 
     labels: np.ndarray
@@ -104,6 +123,7 @@ class PerCluster:
     placed: dict[int, int] = field(default_factory=dict)
     unplaced: list[int] = field(default_factory=list)
     read_all: bool = False
+    tests: list[tuple[int, float, float]] = field(default_factory=list)
 
 
 def _linkage(d: np.ndarray) -> np.ndarray:
@@ -174,14 +194,17 @@ def _silhouettes(d: np.ndarray, members: np.ndarray, outside: np.ndarray) -> np.
 
 
 def per_cluster_clustering(distances: np.ndarray, floor: float = FLOOR, persistence: float = PERSISTENCE,
-                           uninformative: Sequence[int] = ()) -> PerCluster:
+                           uninformative: Sequence[int] = (), keep: str = "chance") -> PerCluster:
     """The ``auto`` rule: average-linkage clusters, each kept, trimmed or dissolved on its own evidence (see the
     module docstring for the steps and their sources).
 
     Args:
         distances: ``[N, N]`` symmetric client distances (pseudo-label L1 per public sample, Section 4.1).
-        floor: the smallest mean silhouette a cluster of two or more clients keeps (default :data:`FLOOR`).
-        persistence: the smallest persistence a kept cluster has (default :data:`PERSISTENCE`).
+        floor: (``keep="floor"``) the smallest mean silhouette a cluster of two or more clients keeps.
+        persistence: (``keep="floor"``) the smallest persistence a kept cluster has.
+        keep: how step 3 keeps a cluster: ``"chance"`` (``b0: auto``) where it is tighter than chance
+            (:mod:`~cosmos_pl.clustering.chance`), ``"floor"`` (``b0: silhouette_floor``, the rule ``auto`` was
+            before) at a mean silhouette of ``floor`` and a persistence of ``persistence``.
         uninformative: clients whose upload is (nearly) one distribution for every public sample (their spread is
             under :data:`cosmos_pl.clustering.distances.CONSTANT_SPREAD`). While at least
             :data:`MIN_INFORMATIVE` other clients remain, the rule runs on those, and each uninformative client then
@@ -192,8 +215,10 @@ def per_cluster_clustering(distances: np.ndarray, floor: float = FLOOR, persiste
         :class:`PerCluster`; N <= 2 gives one cluster (nothing to compare the distance with).
 
     Raises:
-        ValueError: a non-square matrix, or an ``uninformative`` index outside 0..N-1.
+        ValueError: a non-square matrix, an ``uninformative`` index outside 0..N-1, or another ``keep``.
     """
+    if keep not in ("chance", "floor"):
+        raise ValueError(f"keep={keep!r}: give 'chance' or 'floor'")
     d = np.asarray(distances, dtype=float)
     if d.ndim != 2 or d.shape[0] != d.shape[1]:
         raise ValueError(f"distances must be a square [N, N] matrix, got shape {d.shape}")
@@ -203,12 +228,12 @@ def per_cluster_clustering(distances: np.ndarray, floor: float = FLOOR, persiste
         raise ValueError(f"uninformative clients {flat.tolist()} must lie in 0..{n - 1} (rows of the distances)")
     informative = np.setdiff1d(np.arange(n), flat)
     if flat.size == 0:
-        return _clustering(d, floor, persistence)
+        return _clustering(d, floor, persistence, keep)
     if len(informative) < MIN_INFORMATIVE:
-        out = _clustering(d, floor, persistence)
+        out = _clustering(d, floor, persistence, keep)
         out.read_all = True
         return out
-    inner = _clustering(d[np.ix_(informative, informative)], floor, persistence)
+    inner = _clustering(d[np.ix_(informative, informative)], floor, persistence, keep)
     labels, start = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     labels[informative], start[informative] = inner.labels, inner.start
     placed, unplaced = {}, []
@@ -222,7 +247,7 @@ def per_cluster_clustering(distances: np.ndarray, floor: float = FLOOR, persiste
             fresh += 1
             unplaced.append(c)
     return PerCluster(_in_order(labels), _in_order(start), informative[inner.left].tolist(), inner.dissolved,
-                      informative[inner.alone_dissolved].tolist(), placed, unplaced)
+                      informative[inner.alone_dissolved].tolist(), placed, unplaced, tests=inner.tests)
 
 
 def _clearly_nearest(d: np.ndarray, c: int, j: int, informative: np.ndarray, labels: np.ndarray) -> bool:
@@ -244,7 +269,7 @@ def _in_order(labels: np.ndarray) -> np.ndarray:
     return rank[inverse]
 
 
-def _clustering(d: np.ndarray, floor: float, persistence: float) -> PerCluster:
+def _clustering(d: np.ndarray, floor: float, persistence: float, keep: str) -> PerCluster:
     """Steps 1-3 of the module docstring on every client of ``d`` ``[N, N]``."""
     n = d.shape[0]
     if n <= 2:
@@ -252,21 +277,13 @@ def _clustering(d: np.ndarray, floor: float, persistence: float) -> PerCluster:
         return PerCluster(one, one.copy())
     tree = _linkage(d)
     start = _start_cut(d, tree)
-    lasting = _persistence(tree, n)
-    means = _means_to_clusters(d, start) if start.max() < n - 1 else np.zeros((n, 0))
     out = PerCluster(np.empty(n, dtype=np.int64), start)
-    kept: list[np.ndarray] = []
-    for k in range(means.shape[1]):
-        members = np.flatnonzero(start == k)
-        outside = np.delete(means[members], k, axis=1).min(axis=1)  # b against the start's other clusters, fixed
-        s = _silhouettes(d, members, outside)
-        out.left += members[s < 0].tolist()
-        members, outside = members[s >= 0], outside[s >= 0]
-        if len(members) >= 2 and _silhouettes(d, members, outside).mean() >= floor and lasting(members) >= persistence:
-            kept.append(members)
-        else:
-            out.dissolved += len(members) >= 2
-            out.alone_dissolved += members.tolist() if len(members) >= 2 else []
+    if start.max() == n - 1:  # no cut of 2 <= K <= N - 1: nothing to keep
+        kept: list[np.ndarray] = []
+    elif keep == "chance" and n >= CHANCE_MIN_CLIENTS:
+        kept = _kept_by_chance(d, start, out)
+    else:
+        kept = _kept_by_floor(d, tree, start, floor, persistence, out)
     alone = np.setdiff1d(np.arange(n), np.concatenate(kept) if kept else np.array([], dtype=np.int64))
     kept += _identical(d, alone)
     kept.sort(key=lambda m: int(m.min()))
@@ -274,6 +291,65 @@ def _clustering(d: np.ndarray, floor: float, persistence: float) -> PerCluster:
         out.labels[members] = k
     out.left.sort()
     return out
+
+
+def _trimmed(d: np.ndarray, start: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per cluster of ``start``: ``(members, silhouettes, b)``, each silhouette against the start's other clusters
+    (fixed, so that one cluster's verdict does not shift another's; b: each member's smallest mean distance to
+    one of them)."""
+    means = _means_to_clusters(d, start)
+    out = []
+    for k in range(means.shape[1]):
+        members = np.flatnonzero(start == k)
+        outside = np.delete(means[members], k, axis=1).min(axis=1)
+        out.append((members, _silhouettes(d, members, outside), outside))
+    return out
+
+
+def _best_silhouette(d: np.ndarray) -> float:
+    """The mean silhouette of the start cut (steps 1-2) of ``d``; 0 where there is no cut of 2 <= K <= N - 1."""
+    n = d.shape[0]
+    if n <= 2:
+        return 0.0
+    start = _start_cut(d, _linkage(d))
+    return float(silhouettes(d, start).mean()) if start.max() < n - 1 else 0.0
+
+
+def _kept_by_chance(d: np.ndarray, start: np.ndarray, out: PerCluster) -> list[np.ndarray]:
+    """Step 3 of ``auto``: the start cut's clusters where the cut beats chance."""
+    # the module's settings are read at each call, so that a benchmark can try others
+    test = chance.chance_test(d, silhouettes(d, start).mean(), _best_silhouette, alpha=chance.ALPHA)
+    out.tests.append((d.shape[0], test.silhouette, test.p_value))
+    kept: list[np.ndarray] = []
+    for members, s, _ in _trimmed(d, start):
+        if not test.beats_chance:
+            if len(members) >= 2:
+                out.dissolved += 1
+                out.alone_dissolved += members.tolist()
+            continue
+        out.left += members[s < 0].tolist()
+        members = members[s >= 0]
+        if len(members) < 2:
+            continue
+        kept.append(members)
+    return kept
+
+
+def _kept_by_floor(d: np.ndarray, tree: np.ndarray, start: np.ndarray, floor: float, persistence: float,
+                   out: PerCluster) -> list[np.ndarray]:
+    """Step 3 of ``silhouette_floor``: each cluster kept at a mean silhouette of ``floor`` and a persistence of
+    ``persistence``."""
+    lasting = _persistence(tree, d.shape[0])
+    kept: list[np.ndarray] = []
+    for members, s, outside in _trimmed(d, start):
+        out.left += members[s < 0].tolist()
+        members, outside = members[s >= 0], outside[s >= 0]
+        if len(members) >= 2 and _silhouettes(d, members, outside).mean() >= floor and lasting(members) >= persistence:
+            kept.append(members)
+        else:
+            out.dissolved += len(members) >= 2
+            out.alone_dissolved += members.tolist() if len(members) >= 2 else []
+    return kept
 
 
 def _identical(d: np.ndarray, alone: np.ndarray) -> list[np.ndarray]:

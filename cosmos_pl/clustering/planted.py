@@ -31,6 +31,8 @@ digits: 25-45 %).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
 
@@ -38,7 +40,8 @@ __all__ = ["planted_uploads"]
 
 
 def planted_uploads(num_clients: int, num_groups: int = 5, num_classes: int = 20, public: int = 200,
-                    overlap: float = 0.5, seed: int = 0) -> tuple[torch.Tensor, np.ndarray]:
+                    overlap: float = 0.5, seed: int = 0, competence: Optional[tuple[float, float]] = None,
+                    foreign: Optional[float] = None, noise: Optional[float] = None) -> tuple[torch.Tensor, np.ndarray]:
     """A planted federation's pseudo-labels on U and its true groups (see the module docstring).
 
     Args:
@@ -48,16 +51,27 @@ def planted_uploads(num_clients: int, num_groups: int = 5, num_classes: int = 20
         public: n, the public samples (their classes uniform over M).
         overlap: in [0, 1]: how much the groups' uploads overlap.
         seed: seed of ``np.random.default_rng``: the same arguments give the same uploads.
+        competence: ``(low, high)``: each client's competence ``c_i`` uniform in it, instead of the overlap's.
+        foreign: the largest share of foreign classes a client learns (each client's share uniform in
+            ``[0, foreign]``), instead of the overlap's.
+        noise: the sd of the noise on the log-probabilities, instead of the overlap's.
 
     Returns:
         ``(uploads, groups)``: float32 ``[N, n, M]`` (rows on the simplex) and int ``[N]``. Memory: ``4 N n M``
         bytes (N = 2,000, n = 200, M = 20: 32 MB).
 
     Raises:
-        ValueError: ``overlap`` outside [0, 1], or fewer classes than groups, or fewer clients than groups.
+        ValueError: ``overlap`` outside [0, 1], or fewer classes than groups, or fewer clients than groups, or a
+            ``competence`` not within [0, 1] in order, a ``foreign`` outside [0, 1], a negative ``noise``.
     """
     if not 0.0 <= overlap <= 1.0:
         raise ValueError(f"overlap={overlap}: must lie in [0, 1]")
+    if competence is not None and not 0.0 <= competence[0] <= competence[1] <= 1.0:
+        raise ValueError(f"competence={competence}: give (low, high) with 0 <= low <= high <= 1")
+    if foreign is not None and not 0.0 <= foreign <= 1.0:
+        raise ValueError(f"foreign={foreign}: must lie in [0, 1]")
+    if noise is not None and noise < 0:
+        raise ValueError(f"noise={noise}: must be >= 0")
     if num_classes < num_groups or num_clients < num_groups:
         raise ValueError(f"num_classes={num_classes} and num_clients={num_clients} must each be >= "
                          f"num_groups={num_groups}")
@@ -66,17 +80,20 @@ def planted_uploads(num_clients: int, num_groups: int = 5, num_classes: int = 20
     groups = rng.permutation(np.arange(num_clients) % num_groups)
     y = rng.integers(0, num_classes, public)
     shared = [rng.dirichlet(np.ones(len(b)), size=num_classes) for b in blocks]  # a group's confusion [M, |b|]
-    own_weight, noise = 0.1 + 0.5 * overlap, 0.2 + 0.6 * overlap
+    own_weight = 0.1 + 0.5 * overlap
+    noise = 0.2 + 0.6 * overlap if noise is None else noise
+    low, high = (0.95 - 0.6 * overlap, 0.98) if competence is None else competence
+    most_foreign = 0.1 + 0.7 * overlap if foreign is None else foreign
     rows = np.arange(public)
     out = np.empty((num_clients, public, num_classes), dtype=np.float32)
     for i in range(num_clients):
         g = int(groups[i])
         own = blocks[g]
-        foreign = np.setdiff1d(np.arange(num_classes), own)
-        learnt = foreign[rng.random(len(foreign)) < rng.uniform(0, 0.1 + 0.7 * overlap)]
+        others = np.setdiff1d(np.arange(num_classes), own)
+        learnt = others[rng.random(len(others)) < rng.uniform(0, most_foreign)]
         known = np.concatenate([own, learnt])
-        competence = rng.uniform(0.95 - 0.6 * overlap, 0.98)
-        on_y = np.where(np.isin(y, own), competence, 0.5 * competence)
+        c_i = rng.uniform(low, high)
+        on_y = np.where(np.isin(y, own), c_i, 0.5 * c_i)
         confusion = rng.dirichlet(np.ones(len(known)), size=num_classes)  # the client's own [M, |known|]
         knows = np.zeros((public, num_classes))
         knows[:, known] = ((1 - on_y) / len(known))[:, None]

@@ -58,7 +58,7 @@ __all__ = ["otsu_threshold", "silhouette_threshold", "separated_threshold", "sil
 #: pairs (their silhouettes there are 0.2-0.4), 0.15 kept merged groups at the highest overlap.
 FLOOR = 0.2
 
-B0 = Union[float, Literal["auto", "strict", "silhouette", "otsu", "inf"]]
+B0 = Union[float, Literal["auto", "silhouette_floor", "strict", "silhouette", "otsu", "inf"]]
 
 #: Below this mean silhouette a clustering shows "no substantial structure" (Kaufman and Rousseeuw, 1990, Ch. 2).
 WEAK_SILHOUETTE = 0.25
