@@ -12,8 +12,9 @@ clusters K is an outcome, not an input.
 - :mod:`~cosmos_pl.clustering.greedy`: Algorithm 1.
 - :mod:`~cosmos_pl.clustering.threshold`: the rules that choose B0 (``strict``, ``silhouette``, ``otsu``, ``inf``,
   a number) and how clear a clustering's structure is.
-- :mod:`~cosmos_pl.clustering.per_cluster`: ``auto``: average-linkage clusters, each kept, trimmed or dissolved on its
-  own silhouette, then the uninformative clients placed with the nearest informative one.
+- :mod:`~cosmos_pl.clustering.per_cluster`: ``auto``: the best cut of an average-linkage hierarchy, kept where it
+  beats chance (:mod:`~cosmos_pl.clustering.chance`: the same distances shuffled), then the uninformative clients
+  placed with the nearest informative one; ``silhouette_floor``: each cluster kept on its own silhouette instead.
 - :mod:`~cosmos_pl.clustering.choose`: from a ``b0`` setting to the clusters (the entry point COSMOS calls).
 """
 
