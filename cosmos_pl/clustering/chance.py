@@ -2,8 +2,8 @@
 
 A clustering's mean silhouette says little by itself: with many classes and weak clients every distance is large
 and close to every other, so real groups may score 0.15, while a few strong clients in few groups make chance
-cliques that score 0.4 (measured: 10 clients in 5 pairs, 0.56 against 0.30-0.42 by chance; planted groups of weak
-clients, 0.18-0.21 against 0.15-0.19 by chance). So the start cut is judged against **the same distances with no
+cliques that score 0.4 (measured with the shuffles' cut searched over every K: 10 clients in 5 pairs, 0.56 against
+0.30-0.42 by chance; planted groups of weak clients, 0.18-0.21 against 0.15-0.19 by chance). So the start cut is judged against **the same distances with no
 grouping in them**:
 
 - ``shuffles`` copies of the distance matrix with the N(N-1)/2 values above its diagonal permuted (kept symmetric):
@@ -19,8 +19,9 @@ What counts as a clear structure is thus set by the distances at hand, not by a 
 was searched over every K and the shuffles' only up to it, so the test keeps structureless cuts somewhat more often
 than ``alpha`` (measured: 4 of 20 shuffled matrices of 20 clients). Where N exceeds
 :data:`NULL_CLIENTS`, each shuffle permutes the distances among a random :data:`NULL_CLIENTS` of the clients (the
-start-cut search costs O(N^2) per cut tried); the shuffled best silhouettes barely move with N (their medians
-0.156 / 0.150 / 0.161 at 20 / 50 / 100 planted clients of overlap 1.0).
+start-cut search costs O(N^2) per cut tried); the shuffled best silhouettes barely moved with N (their medians
+0.156 / 0.150 / 0.161 at 20 / 50 / 100 planted clients of overlap 1.0, measured with the search over every K; not
+measured again for the search up to the data's K).
 
 The permutations come from ``numpy.random.default_rng`` seeded with a checksum of the distances: the same distances
 give the same verdict.
