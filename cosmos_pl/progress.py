@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cosmos_pl.errors import ConfigError
 
-__all__ = ["LINE_EVERY_S", "line_every_s", "StageProgress", "Ticker"]
+__all__ = ["LINE_EVERY_S", "line_every_s", "round_of", "StageProgress", "Ticker"]
 
 #: Seconds between two progress lines of the same piece of work when there is no terminal.
 LINE_EVERY_S = 30.0
@@ -41,6 +41,20 @@ def line_every_s() -> float:
         raise ConfigError(f"COSMOS_PL_PROGRESS_S={text!r}: give seconds between progress lines, a number > 0 "
                           f"(default {LINE_EVERY_S:g})")
     return value
+
+
+def round_of(recorded: int, rounds: int) -> str:
+    """A run's round as the run counts them, ``round r/R``: round 0 trains the clients locally, then rounds 1 to
+    ``rounds`` (R). ``recorded``: the rounds its ``metrics.csv`` holds (one row per round, round 0's first); the
+    round shown is the one in progress, the first not recorded, and R once every round is (``round 0/2`` until
+    round 0 ends, ``round 2/2`` while round 2 runs and after it).
+
+    Raises:
+        ValueError: ``recorded`` or ``rounds`` below 0.
+    """
+    if recorded < 0 or rounds < 0:
+        raise ValueError(f"recorded={recorded}, rounds={rounds}: neither may be below 0")
+    return f"round {min(recorded, rounds)}/{rounds}"
 
 
 class StageProgress:

@@ -1,11 +1,12 @@
-"""The comparison report on made-up numbers: SEM of the per-seed means, † marks, best round, failures, bytes."""
+"""The comparison report on made-up numbers: SEM of the per-seed means, the signed † and ‡ marks, best round,
+failures, bytes."""
 
 import csv
 import math
 
 import pytest
 
-from cosmos_pl.compare.report import PairResult, comparison_markdown, communication_markdown, overlaps, \
+from cosmos_pl.compare.report import PairResult, comparison_markdown, communication_markdown, marks, overlaps, \
     paired_interval, summarize, write_report
 
 COMM = {"rounds": 2, "upload_bytes_per_client_per_round": 100, "download_bytes_per_client_per_round": 50,
@@ -52,7 +53,7 @@ def test_markdown_csv_and_communication(tmp_path):
     pairs = _pairs()
     rows = write_report(pairs, tmp_path, "made-up")
     md = (tmp_path / "comparison.md").read_text()
-    assert "| fedmd †‡ | client model f_i | 0,1,2 | 0.7200 ± 0.0115 |" in md  # 0.10 on every seed: interval [0.1, 0.1]
+    assert "| fedmd +† +‡ | client model f_i | 0,1,2 | 0.7200 ± 0.0115 |" in md  # 0.10 each seed: interval [0.1, 0.1]
     assert "| cosmos | cluster teacher h_pi(i) | 0,1,2 | 0.8200 ± 0.0115 | 0.8533 ± 0.0240 | 0.6000 ± 0.0000 | - |" in md
     assert "| 0.6000 ± 0.0000 | 0.1000 ± 0.0000 |" in md  # the fedmd row's paired difference
     assert "comet, seed 0: exit status 1: boom" in md
@@ -83,7 +84,8 @@ def test_one_seed_has_no_sem_and_no_mark(tmp_path):
     assert "| cosmos | cluster teacher h_pi(i) | 0 | 0.0863 ± n/a | 0.0863 ± n/a | 0.0800 ± n/a | - | - | - |" in md
     assert "| local | client model f_i | 0 | 0.0809 ± n/a | 0.0809 ± n/a | 0.0800 ± n/a | 0.0054 ± n/a | n/a | - |" in md
     assert "With fewer than 2 seeds (cosmos, local, fedmd) there is no SEM and no interval (n/a) and no mark" in md
-    assert "†" not in md.split("\n\n", 3)[-1] and "‡" not in md.split("\n\n", 3)[-1]  # the table has no mark
+    table_lines = [line for line in md.splitlines() if line.startswith("| ")]
+    assert len(table_lines) == 5 and not any("†" in line or "‡" in line for line in table_lines)  # no mark
     with open(tmp_path / "comparison.csv") as f:
         table = {r["algorithm"]: r for r in csv.DictReader(f)}
     assert table["local"]["final_sem"] == "" and table["local"]["paired_diff_ci95_low"] == ""
@@ -108,11 +110,50 @@ def test_three_seeds_paired_interval_above_zero_while_the_unpaired_intervals_ove
     assert comet.paired["high"] == pytest.approx(0.0324209, abs=1e-6)
     assert comet.paired_above_zero and cosmos.paired_above_zero  # the only baseline: COSMOS gets it too
     md = comparison_markdown(list(rows.values()), "cifar10 subset")
-    assert "| comet ‡ | client model f_i | 0,1,2 | 0.7800 ± 0.0606 |" in md
+    assert "| comet +‡ | client model f_i | 0,1,2 | 0.7800 ± 0.0606 |" in md
     assert "| 0.0200 ± 0.0029 | [+0.0076, +0.0324] |" in md
     # a spread that reaches 0: differences 0.02, 0.03, 0.01 -> SEM 0.005774, half-width 0.024841, low -0.0048
     assert paired_interval([0.02, 0.03, 0.01])["low"] == pytest.approx(0.02 - T_975_2 * 0.01 / math.sqrt(3))
     assert paired_interval([0.02, 0.03, 0.01])["low"] < 0
+
+
+def test_each_mark_says_whether_cosmos_is_above_or_below_the_baseline(tmp_path):
+    # COSMOS 0.70, 0.72, 0.74: mean 0.72, SEM 0.02 / sqrt(3) = 0.011547, interval [0.708453, 0.731547].
+    # local above it: 0.80, 0.81, 0.82: 0.81 ± 0.005774, [0.804226, 0.815774], apart: COSMOS below (-†); paired
+    #   differences -0.10, -0.09, -0.08: mean -0.09, SEM 0.005774, 95% -0.09 -+ 4.3027 * 0.005774 =
+    #   [-0.114841, -0.065159], below 0 (-‡).
+    # fedmd below it: 0.60, 0.62, 0.64: 0.62 ± 0.011547, [0.608453, 0.631547], apart: COSMOS above (+†); paired
+    #   0.10 on every seed: [0.10, 0.10], above 0 (+‡).
+    def pairs(name, finals, model="client model f_i"):
+        return [PairResult(name, s, [0.5, f], model, COMM) for s, f in enumerate(finals)]
+
+    cosmos = pairs("cosmos", (0.70, 0.72, 0.74), "cluster teacher h_pi(i)")
+    local, fedmd = pairs("local", (0.80, 0.81, 0.82)), pairs("fedmd", (0.60, 0.62, 0.64))
+    rows = {r.algorithm: r for r in write_report(cosmos + local + fedmd, tmp_path, "both ways")}
+    assert rows["local"].dagger == -1 and rows["fedmd"].dagger == 1
+    assert rows["local"].paired["high"] == pytest.approx(-0.09 + T_975_2 * 0.01 / math.sqrt(3))
+    assert rows["local"].paired_below_zero and not rows["local"].paired_above_zero
+    assert rows["fedmd"].paired_above_zero and not rows["fedmd"].paired_below_zero
+    assert rows["cosmos"].dagger == 0 and not rows["cosmos"].paired_above_zero  # above one baseline, below the other
+    md = (tmp_path / "comparison.md").read_text()
+    assert "| local -† -‡ | client model f_i | 0,1,2 | 0.8100 ± 0.0058 |" in md
+    assert "| [-0.1148, -0.0652] |" in md
+    assert "| fedmd +† +‡ | client model f_i | 0,1,2 | 0.6200 ± 0.0115 |" in md
+    assert "| cosmos | cluster teacher h_pi(i) | 0,1,2 | 0.7200 ± 0.0115 |" in md
+    # the legend stands under the table
+    legend = md.index("Marks, signed as COSMOS - this: +† / -† COSMOS above / below this baseline")
+    assert legend > md.index("| fedmd +† +‡ |") and md.index("| algorithm |") < legend
+    with open(tmp_path / "comparison.csv") as f:
+        table = {r["algorithm"]: r for r in csv.DictReader(f)}
+    assert (table["local"]["dagger"], table["local"]["paired_above_zero"], table["local"]["paired_below_zero"]) == \
+        ("-1", "0", "1")
+    assert (table["fedmd"]["dagger"], table["fedmd"]["paired_above_zero"], table["fedmd"]["paired_below_zero"]) == \
+        ("1", "1", "0")
+    # with one baseline COSMOS's row carries its marks, signed the same way (COSMOS below local-only: - on both rows)
+    only = {r.algorithm: r for r in summarize(cosmos + local)}
+    assert marks(only["local"]) == "-† -‡" and marks(only["cosmos"]) == "-† -‡"
+    only = {r.algorithm: r for r in summarize(cosmos + fedmd)}
+    assert marks(only["fedmd"]) == "+† +‡" and marks(only["cosmos"]) == "+† +‡"
 
 
 def test_a_top5_headline_decides_every_number_and_mark(tmp_path):
@@ -150,7 +191,11 @@ def test_fit_final_line_reports_the_headline_metric_with_the_other_beside_it():
                "clusters": {"K": 5, "adjusted_rand_index": 1.0}}
     assert final_line(summary, "teacher") == ("final round 3: cluster teacher h_pi(i) top-5 0.5000 ± 0.0200 (top-1 "
                                               "0.2500 ± 0.0100); client f_i top-5 0.4500; local-only (round 0) top-5 "
-                                              "0.4000; K = 5, ARI = 1.0")
+                                              "0.4000; K = 5, ARI = 1.0000")
+    summary["clusters"]["adjusted_rand_index"] = 2 / 3  # 0.6666666666666666: printed with 4 digits, as accuracies
+    assert final_line(summary, "teacher").endswith("; K = 5, ARI = 0.6667")
+    summary["clusters"]["adjusted_rand_index"] = None  # no true groups (a deployment)
+    assert final_line(summary, "teacher").endswith("; K = 5, ARI = n/a")
     summary["headline_metric"] = "top1"
     assert final_line(summary, "teacher").startswith("final round 3: cluster teacher h_pi(i) 0.2500 ± 0.0100 (top-5 "
                                                      "0.5000 ± 0.0200); client f_i 0.2000; local-only (round 0) 0.1800")

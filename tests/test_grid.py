@@ -46,6 +46,28 @@ def test_grid_keys_that_name_nothing_fail_before_any_pair_runs(repo_root, tmp_pa
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+def test_a_misspelt_grid_key_gets_the_closest_valid_one():
+    from jsonargparse import Namespace
+
+    from cosmos_pl.compare.grid import check_keys
+
+    cfg = Namespace(rounds=3, data=Namespace(partitioner=Namespace(init_args=Namespace(alpha=5.0))))
+    cases = [("lamda_", "--grid lamda_: none of the algorithms (cosmos, local) takes 'lamda_'; did you mean "
+                         "'lambda_'?"),
+             ("algorithm.init_args.lamda_", "--grid algorithm.init_args.lamda_: none of the algorithms (cosmos, local) "
+                                            "takes 'lamda_'; did you mean 'algorithm.init_args.lambda_'?"),
+             ("round", "--grid round: none of the algorithms (cosmos, local) takes 'round'; did you mean 'rounds'?"),
+             ("data.partitioner.init_args.alfa", "--grid data.partitioner.init_args.alfa: no such setting; did you "
+                                                 "mean 'data.partitioner.init_args.alpha'? (see cosmos-pl fit")]
+    for key, message in cases:
+        with pytest.raises(ConfigError) as err:
+            check_keys([(key, [0.1, 1])], cfg, ["cosmos", "local"])
+        assert str(err.value).startswith(message), str(err.value)
+    with pytest.raises(ConfigError) as err:  # nothing close: no guess
+        check_keys([("zzz", [1])], cfg, ["cosmos", "local"])
+    assert str(err.value) == "--grid zzz: none of the algorithms (cosmos, local) takes 'zzz'"
+
+
 @pytest.mark.slow  # three small digits runs
 def test_a_lambda_grid_runs_each_distinct_pair_once_and_reports_every_point(repo_root, tmp_path, capsys):
     import yaml
@@ -111,7 +133,7 @@ def test_an_algorithm_that_does_not_take_a_swept_setting_gets_one_line_in_the_fi
 
 
 def test_the_validation_table_bolds_each_algorithms_best_point_and_never_a_column_read_at_every_point():
-    from cosmos_pl.compare.grid import grid_markdown, validation_markdown
+    from cosmos_pl.compare.grid import NO_VALIDATION, grid_markdown, validation_markdown
     from cosmos_pl.compare.report import PairResult, summarize
 
     def pair(name, seed, test, val):
@@ -137,9 +159,16 @@ def test_the_validation_table_bolds_each_algorithms_best_point_and_never_a_colum
     assert grid.index("## Validation accuracy at each point") < grid.index("# num_clusters = 3")
     # the per-point tables carry the same figure in their last column
     assert "| 0.5000 ± 0.0000 | - | - | - | 0.8700 ± 0.0100 |" in grid.split("# num_clusters = 5")[1]
-    # runs without a validation split: no table
+    # runs without a validation split: no table, and grid.md says in one line how to get it
     bare = [({"num_clusters": 3}, summarize([PairResult("comet", 0, [0.5, 0.6], "client model f_i", {})]), [])]
     assert validation_markdown(bare) == ""
+    no_split = grid_markdown(bare, "made-up", "top1")
+    assert NO_VALIDATION in no_split and len(NO_VALIDATION.strip().splitlines()) == 1
+    assert "--data.validation_fraction 0.1" in NO_VALIDATION
+    assert no_split.index(NO_VALIDATION) < no_split.index("# num_clusters = 3")
+    assert NO_VALIDATION not in grid  # the grid above had a validation split
+    failed = [({"num_clusters": 3}, summarize([PairResult("comet", 0, error="exit status 1: boom")]), [])]
+    assert NO_VALIDATION not in grid_markdown(failed, "made-up", "top1")  # no run finished: nothing to say of splits
 
 
 def test_grid_md_says_at_each_point_how_cosmos_clustered_and_where_it_fell_back():

@@ -37,6 +37,7 @@ from cosmos_pl.config import CompareConfig, SlurmConfig, check_seed
 from cosmos_pl.errors import ConfigError, check
 from cosmos_pl.federated.locks import FolderLock
 from cosmos_pl.federated.run_directory import create_folder
+from cosmos_pl.report import log_console
 
 __all__ = ["run_compare", "CompareResult", "plan_grid", "run_grid", "execute"]
 
@@ -74,7 +75,7 @@ def run_compare(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPars
         ConfigError: an unknown algorithm name, a bad list, a bad pair setting, an ``--out`` that is a file, or
             a finished run made with a different config in ``--out``; all before any pair starts.
     """
-    console = console or Console()
+    console = console or log_console()  # without a terminal: whole lines, not wrapped at 80 columns
     algorithms = _split(cfg.algorithms, str, "algorithms") or list(cfg.comparison.algorithms)
     for name in algorithms:
         algorithm_class(name, "--algorithms")
@@ -87,7 +88,7 @@ def run_compare(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPars
     check(not out.is_file(), "--out", str(out), "is an existing file; give a folder")
     CompareConfig(**cfg.comparison.clone().as_dict())  # its own checks (algorithm names in settings, seeds, jobs)
     slurm = _slurm_settings(cfg)
-    threads = None if slurm is None else slurm.cpus_per_job  # a Slurm job's pair uses its CPUs
+    threads = None if slurm is None else slurm.cpus_per_job  # a Slurm job's pair uses its CPUs unless told otherwise
     grid = parse_grid(cfg.get("grid") or [])
     if grid:  # every point's pairs checked before anything is written
         plan = plan_grid(cfg, parser, fit_parser, out, algorithms, seeds, jobs, grid, threads)
@@ -117,7 +118,10 @@ def _slurm_settings(cfg: Namespace) -> Optional[SlurmConfig]:
 def execute(cfg: Namespace, todo: list[Pair], jobs: int, out: Path, fit_parser: ArgumentParser,
             console: Console) -> dict[str, Optional[str]]:
     """Run the pairs ``todo`` where ``--launcher`` says: on this machine (``jobs`` side by side) or as Slurm
-    jobs (:mod:`cosmos_pl.compare.slurm`); returns each pair's error (None: it finished) by its key."""
+    jobs (:mod:`cosmos_pl.compare.slurm`); returns each pair's error (None: it finished) by its key. First the
+    settings compare filled in for the pairs (:attr:`~cosmos_pl.compare.pairs.Pair.note`), once each."""
+    for note in dict.fromkeys(p.note for p in todo if p.note):  # one unless a grid sweeps an executor setting
+        console.print("\n".join(line[2:] for line in note.splitlines()), markup=False, highlight=False)
     slurm = _slurm_settings(cfg)
     if slurm is None:
         return execute_pairs(todo, jobs, console)
@@ -150,7 +154,8 @@ def plan_grid(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser
               seeds: list[int], jobs: int, grid: list[tuple[str, list[Any]]],
               threads: Optional[int] = None) -> GridPlan:
     """Every point's pairs, each checked as ``fit`` checks a config; writes nothing. ``threads``: each pair's torch
-    threads (a Slurm job's CPUs; None: this machine's cores split between ``jobs``).
+    threads where ``executor.threads_per_worker`` is unset (a Slurm job's CPUs; None: this machine's cores split
+    between ``jobs``; :func:`~cosmos_pl.compare.pairs.fill_executor`).
 
     Raises:
         ConfigError: a bad key (:func:`~cosmos_pl.compare.grid.check_keys`) or a bad value at some point, naming

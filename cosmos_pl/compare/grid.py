@@ -10,14 +10,16 @@ Each point gets its folder ``OUT/<name>=<value>[,...]/`` with the usual report (
 differences, comparison.csv, communication.md, accuracy_vs_round.png; its runs under ``runs/``); a pair identical
 at several points (an algorithm the sweep does not touch) runs once, in the first point's folder, and the others
 read it. One round-0 cache ``OUT/round0`` serves every point (it is keyed by the settings that decide round 0).
-Then ``OUT/grid.md`` (a table of every point's validation accuracy, what settings are chosen on, then every
-point's table) and one figure per swept setting, ``OUT/grid_<name>.png``: the final round's mean personalized
-accuracy (mean ± SEM over seeds) against the setting's values, one line per algorithm (per value of the other
-settings, when several are swept). Skip, resume and failure rules are those of compare.
+Then ``OUT/grid.md`` (a table of every point's validation accuracy, what settings are chosen on, or, where the
+runs held out no validation split, one line saying to set ``data.validation_fraction``; then every point's table)
+and one figure per swept setting, ``OUT/grid_<name>.png``: the final round's mean personalized accuracy (mean ± SEM
+over seeds) against the setting's values, one line per algorithm (per value of the other settings, when several
+are swept). Skip, resume and failure rules are those of compare.
 """
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import itertools
 import re
@@ -36,7 +38,8 @@ from cosmos_pl.files import atomic_write_text
 
 __all__ = ["parse_grid", "grid_points", "point_name", "algorithm_setting", "takes", "check_keys", "settings_for",
            "GridPlan", "read_everywhere", "grid_counts", "print_grid_plan", "point_notes", "grid_lines",
-           "grid_markdown", "validation_markdown", "clustering_markdown", "plot_grid", "write_grid_report"]
+           "grid_markdown", "NO_VALIDATION", "validation_markdown", "clustering_markdown", "plot_grid",
+           "write_grid_report"]
 
 ALGORITHM_PREFIXES = ("algorithm.init_args.", "algorithm.")
 
@@ -123,23 +126,43 @@ def settings_for(algorithms: list[str], settings: dict[str, Any]) -> dict[str, d
     return {name: {k: v for k, v in settings.items() if takes(algorithm_class(name), k)} for name in algorithms}
 
 
+def _settings_of(cls: type) -> list[str]:
+    """The init settings of algorithm class ``cls``, by name."""
+    return [name for name, p in inspect.signature(cls.__init__).parameters.items()
+            if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _did_you_mean(name: str, choices: list[str], prefix: str = "") -> str:
+    """``"; did you mean 'X'?"`` for the closest of ``choices`` to ``name`` (``difflib``, as a misspelt
+    ``--algorithm.X`` is answered), ``prefix`` put before it; empty when none is close."""
+    close = difflib.get_close_matches(name, choices, n=1)
+    return f"; did you mean {prefix + close[0]!r}?" if close else ""
+
+
 def check_keys(grid: list[tuple[str, list[Any]]], cfg: Namespace, algorithms: list[str]) -> dict[str, list[str]]:
     """Check every key against the config and the algorithms; returns, per algorithm setting, the algorithms that
     do not take it.
 
     Raises:
-        ConfigError: a config key that does not exist, or an algorithm setting none of the algorithms takes."""
+        ConfigError: a config key that does not exist, or an algorithm setting none of the algorithms takes; each
+            with the closest valid key where one is close (``lamda_``: did you mean 'lambda_'?)."""
     skipped: dict[str, list[str]] = {}
+    classes = {name: algorithm_class(name) for name in algorithms}
     for key, _ in grid:
         setting = algorithm_setting(key, cfg)
         if setting is None:
             if key not in cfg:
-                raise ConfigError(f"--grid {key}: no such setting (see cosmos-pl fit --print_config); an algorithm's "
-                                  "setting is algorithm.init_args.NAME or its bare name, e.g. --grid b0=0.5,1")
+                raise ConfigError(f"--grid {key}: no such setting{_did_you_mean(key, list(cfg.keys()))} (see "
+                                  "cosmos-pl fit --print_config); an algorithm's setting is algorithm.init_args.NAME "
+                                  "or its bare name, e.g. --grid b0=0.5,1")
             continue
-        classes = {name: algorithm_class(name) for name in algorithms}
         if not any(takes(cls, setting) for cls in classes.values()):
-            raise ConfigError(f"--grid {key}: none of the algorithms ({', '.join(algorithms)}) takes {setting!r}")
+            names = list(dict.fromkeys(n for cls in classes.values() for n in _settings_of(cls)))
+            hint = _did_you_mean(setting, names, key[:len(key) - len(setting)])
+            if not hint and key == setting:  # a bare name may be a misspelt top-level setting (round: rounds)
+                hint = _did_you_mean(key, [k for k in cfg.keys() if "." not in k])
+            raise ConfigError(f"--grid {key}: none of the algorithms ({', '.join(algorithms)}) takes {setting!r}"
+                              f"{hint}")
         skipped[setting] = [name for name, cls in classes.items() if not takes(cls, setting)]
     return skipped
 
@@ -267,12 +290,22 @@ def clustering_markdown(tables: list[tuple[dict[str, Any], list[AlgorithmRow], l
     return "\n".join(lines) + "\n"
 
 
+#: grid.md's line where no run held out a validation split: there is nothing to choose a setting on.
+NO_VALIDATION = ("No validation table: these runs held out no validation split (data.validation_fraction 0); to "
+                 "choose a setting on validation accuracy, never on the test accuracy below, run the grid into a new "
+                 "--out with --data.validation_fraction 0.1 (or another fraction > 0).\n")
+
+
 def grid_markdown(tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]], title: str,
                   metric: str, read_everywhere: frozenset[str] = frozenset()) -> str:
-    """The validation table (:func:`validation_markdown`), the clusters at each point (:func:`clustering_markdown`),
+    """The validation table (:func:`validation_markdown`; where no finished run recorded a validation split, the
+    line :data:`NO_VALIDATION` saying how to get one), the clusters at each point (:func:`clustering_markdown`),
     then every point's comparison table (as in comparison.md), under a heading naming the point, with its notes."""
     parts = [f"# {title}: grid of {len(tables)} points\n"]
-    for summary in (validation_markdown(tables, read_everywhere), clustering_markdown(tables)):
+    validation = validation_markdown(tables, read_everywhere)
+    if not validation and any(r.seeds for _, rows, _ in tables for r in rows):  # runs finished, none with one
+        validation = NO_VALIDATION
+    for summary in (validation, clustering_markdown(tables)):
         if summary:
             parts.append(summary)
     for point, rows, notes in tables:

@@ -1,15 +1,16 @@
 """The pairs of ``cosmos-pl compare``: every (algorithm, seed) pair as its own ``cosmos-pl fit`` process, and the
 report of their records.
 
-Each pair gets ``OUT/runs/<algorithm>-seed<seed>/`` with its fully resolved ``pair.yaml``, the run directory's
-files and ``log.txt``. Pairs with the same seed share the partition (same data settings and seed) and their
-round 0: it is trained once and kept in ``OUT/round0/`` (``fit --round0_cache``), giving the same numbers. A pair whose
-``summary.json`` exists under the same config is finished and skipped on a rerun; one that was interrupted
-resumes from its last round checkpoint (``fit --resume``); one that finished under a different config is an
-error (use a new ``--out``). A SIGTERM or Ctrl-C to compare reaches every running pair, which keeps its last
-complete round. Pairs run one after another or ``jobs`` side by side, the
-CPU cores split between them (two trainings with all threads each slow each other down many times over), and
-the visible GPUs too: side-by-side pairs take the GPUs in turn (:func:`gpu_slots`).
+Each pair gets ``OUT/runs/<algorithm>-seed<seed>/`` with its fully resolved ``pair.yaml`` (comment lines at its
+top name the settings compare filled in, :func:`fill_executor`), the run directory's files and ``log.txt``. Pairs
+with the same seed share the partition (same data settings and seed) and their round 0: it is trained once and
+kept in ``OUT/round0/`` (``fit --round0_cache``), giving the same numbers. A pair whose ``summary.json`` exists
+under the same config is finished and skipped on a rerun; one that was interrupted resumes from its last round
+checkpoint (``fit --resume``); one that finished under a different config is an error (use a new ``--out``). A
+SIGTERM or Ctrl-C to compare reaches every running pair, which keeps its last complete round. Pairs run one after
+another or ``jobs`` side by side, the CPU cores split between them unless ``executor.threads_per_worker`` is given
+(two trainings with all threads each slow each other down many times over; :func:`fill_executor`), and the
+visible GPUs too: side-by-side pairs take the GPUs in turn (:func:`gpu_slots`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -46,10 +48,10 @@ from cosmos_pl.federated import checkpoint
 from cosmos_pl.federated.devices import available_cpus, physical_gpu
 from cosmos_pl.federated.locks import FolderLock
 from cosmos_pl.federated.run_directory import atomic_write_text
-from cosmos_pl.progress import Ticker, line_every_s
+from cosmos_pl.progress import Ticker, line_every_s, round_of
 
-__all__ = ["Pair", "pair_configs", "finished", "gpu_slots", "launch", "run_logged", "failure_line", "execute_pairs",
-           "report_pairs", "rounds_done", "RUNNING"]
+__all__ = ["Pair", "fill_executor", "pair_configs", "finished", "gpu_slots", "launch", "run_logged", "failure_line",
+           "execute_pairs", "report_pairs", "rounds_done", "RUNNING"]
 
 _COMPARE_ONLY = ("algorithms", "seeds", "jobs", "out", "config", "comparison", "overwrite", "grid", "dry_run",
                  "launcher", "slurm")
@@ -63,12 +65,15 @@ _NOT_RUN_SETTINGS = ("overwrite", "resume", "checkpoint", "failures", "run_dir",
 
 @dataclass
 class Pair:
-    """One (algorithm, seed) pair of a comparison: its run directory and its resolved ``fit`` config (YAML)."""
+    """One (algorithm, seed) pair of a comparison: its run directory and its resolved ``fit`` config (YAML);
+    ``note``: YAML comment lines written above the config in ``pair.yaml``, naming the settings compare filled in
+    (:func:`fill_executor`), empty when it filled none."""
 
     algorithm: str
     seed: int
     run_dir: Path
     config_yaml: str
+    note: str = ""
 
     @property
     def label(self) -> str:
@@ -80,6 +85,47 @@ class Pair:
         return str(self.run_dir)
 
 
+def fill_executor(executor: dict[str, Any], defaults: dict[str, Any], jobs: int,
+                  threads: Optional[int] = None) -> tuple[dict[str, Any], list[str]]:
+    """The executor settings of every pair: the user's where given, compare's where left unset.
+
+    A setting counts as given when its value differs from the parser's default (``defaults``: ``threads_per_worker``
+    None, ``workers_per_device`` auto), on the command line or in a config file. Left unset,
+    ``threads_per_worker`` becomes ``threads`` (a Slurm job's CPUs) or this machine's cores
+    (:func:`~cosmos_pl.federated.devices.available_cpus`) split between the ``jobs`` pairs run side by side, at
+    least 1: a pair left at None would take every core, and pairs side by side would slow each other down many
+    times over. With ``jobs`` > 1 on this machine, ``workers_per_device`` left at auto becomes 1: pairs side by
+    side would each size their workers from the same GPUs' free memory.
+
+    Args:
+        executor: the ``executor`` group as parsed (``kind``, ``devices``, ``workers_per_device``,
+            ``threads_per_worker``).
+        defaults: the same group's defaults.
+        jobs: pairs run side by side (``--jobs``), >= 1.
+        threads: a Slurm job's CPUs (``slurm.cpus_per_job``); None on this machine.
+
+    Returns:
+        The pairs' executor settings, and a line per setting filled in (``executor.KEY: VALUE (why; how to
+        choose)``).
+    """
+    filled, why = dict(executor), []
+    if executor.get("threads_per_worker") == defaults.get("threads_per_worker"):
+        if threads is not None:
+            filled["threads_per_worker"] = threads
+            reason = f"the Slurm job's {threads} CPU(s), slurm.cpus_per_job"
+        else:
+            cpus = available_cpus()
+            filled["threads_per_worker"] = max(1, cpus // jobs)
+            reason = f"this machine's {cpus} CPU core(s) split between --jobs {jobs} pair(s) side by side"
+        why.append(f"executor.threads_per_worker: {filled['threads_per_worker']} ({reason}; give "
+                   "--executor.threads_per_worker to choose)")
+    if threads is None and jobs > 1 and executor.get("workers_per_device") == defaults.get("workers_per_device"):
+        filled["workers_per_device"] = 1
+        why.append(f"executor.workers_per_device: 1 (--jobs {jobs} pairs side by side would each size their workers "
+                   "from the same GPUs' free memory; give --executor.workers_per_device to choose)")
+    return filled, why
+
+
 def pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser, out: Path,
                  algorithms: list[str], seeds: list[int], jobs: int,
                  algorithm_settings: Optional[dict[str, dict[str, Any]]] = None,
@@ -89,17 +135,18 @@ def pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPar
     before anything runs. ``algorithm_settings``: per name of ``algorithms``, init settings given to that algorithm
     on top of its own (a grid point's); ``round0``: the round-0 cache folder (default ``out/round0``); ``group``:
     the pairs' W&B group (default: the comparison's name, :func:`~cosmos_pl.compare.wandb_runs.comparison_name`),
-    their W&B job type being the algorithm's short name; ``threads``: torch threads per pair (default: this
-    machine's cores split between ``jobs``; a Slurm job's: its CPUs)."""
+    their W&B job type being the algorithm's short name; ``threads``: a Slurm job's CPUs, the torch threads of a
+    pair whose ``executor.threads_per_worker`` the user left unset (None: this machine's cores split between
+    ``jobs``). The executor settings the user gave are kept; those compare fills in are named at the top of
+    ``pair.yaml`` (:attr:`Pair.note`, :func:`fill_executor`)."""
     base = yaml.safe_load(parser.dump(cfg, skip_unset=False))
     for key in _COMPARE_ONLY:
         base.pop(key, None)
     settings = {algorithm_class(k, "comparison.settings").name: v for k, v in (cfg.comparison.settings or {}).items()}
-    executor = {**base["executor"], "threads_per_worker": threads or max(1, available_cpus() // jobs)}
-    if threads is None and jobs > 1 and executor.get("workers_per_device") == "auto":
-        # pairs side by side would each size their workers from the same GPUs' free memory and every core
-        # (Executor.size_workers): one worker per GPU each, unless the config gives a number
-        executor["workers_per_device"] = 1
+    defaults = {k: parser.get_default(f"executor.{k}") for k in ("threads_per_worker", "workers_per_device")}
+    executor, why = fill_executor(base["executor"], defaults, jobs, threads)
+    note = "".join(f"# {line}\n" for line in ["cosmos-pl compare filled in these settings, which were left unset:",
+                                               *(f"  {w}" for w in why)]) if why else ""
     pairs = []
     for name in algorithms:
         cls = algorithm_class(name)
@@ -125,7 +172,7 @@ def pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPar
                     raise
                 raise ConfigError(f"comparison.settings.{name}: {err}") from None
             validate_config(fit_parser.instantiate(checked))
-            pairs.append(Pair(cls.name, seed, run_dir, fit_parser.dump(checked, skip_unset=False)))
+            pairs.append(Pair(cls.name, seed, run_dir, fit_parser.dump(checked, skip_unset=False), note))
     return pairs
 
 
@@ -197,7 +244,7 @@ def launch(pair: Pair, gpus: Optional[str] = None, ignore: tuple[int, ...] = ())
             with FolderLock(pair.run_dir, "--out"):  # unless a pair left running by an earlier compare holds it
                 shutil.rmtree(pair.run_dir)
         pair.run_dir.mkdir(parents=True)
-        atomic_write_text(pair.run_dir / "pair.yaml", pair.config_yaml)
+        atomic_write_text(pair.run_dir / "pair.yaml", pair.note + pair.config_yaml)
         cmd = [sys.executable, "-m", "cosmos_pl.cli", "fit", "--config", str(pair.run_dir / "pair.yaml")]
         mode = "w"
     status = run_logged(cmd, pair.run_dir / "log.txt", mode, gpus, ignore)
@@ -224,10 +271,16 @@ def run_logged(cmd: list[str], log: Path, mode: str, gpus: Optional[str] = None,
             RUNNING.discard(proc)
 
 
+# a fit's one-line errors (a data error naming up to five files, in full) fit whole
+FAILURE_CHARS = 1000
+
+
 def failure_line(status: int, log: Path) -> str:
-    """Why a ``fit`` process failed, in one line: its exit status, its log's last line and the log's path."""
+    """Why a ``fit`` process failed, in one line: its exit status, its log's last line (at most
+    :data:`FAILURE_CHARS` characters, shortened between words) and the log's path."""
     tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
-    return f"exit status {status}: {tail[0][:200]} (log: {log})"
+    reason = textwrap.shorten(tail[0], FAILURE_CHARS, placeholder=" ...")
+    return f"exit status {status}: {reason} (log: {log})"
 
 
 def _result(pair: Pair, error: Optional[str]) -> PairResult:
@@ -270,30 +323,37 @@ def execute_pairs(todo: list[Pair], jobs: int, console: Console) -> dict[str, Op
     :attr:`Pair.key`.
 
     On a terminal a bar per pair shows its round; without one, a line when a pair starts and ends and, every
-    :func:`~cosmos_pl.progress.line_every_s` seconds, one line with the running pairs' rounds."""
+    :func:`~cosmos_pl.progress.line_every_s` seconds, one line with the running pairs' rounds (each as the run
+    counts them, ``round 1/2``: :func:`~cosmos_pl.progress.round_of`)."""
     errors: dict[str, Optional[str]] = {}
     if not todo:
         return errors
-    total_rounds = int(yaml.safe_load(todo[0].config_yaml)["rounds"]) + 1
+    rounds = {p.key: int(yaml.safe_load(p.config_yaml)["rounds"]) for p in todo}  # a grid may sweep them
     running: dict[str, Pair] = {}
 
     def rounds_line() -> None:  # without a terminal: where the running pairs are
         now = dict(running)
         if now:
-            console.print("running: " + "; ".join(f"{p.label} round {rounds_done(p)}/{total_rounds}"
+            console.print("running: " + "; ".join(f"{p.label} {round_of(rounds_done(p), rounds[p.key])}"
                                                   for p in now.values()), markup=False, highlight=False)
 
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("round {task.completed}/{task.total}"),
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[round]}"),
                    TimeElapsedColumn(), console=console) if console.is_terminal else None
+
+    def show(p: Pair, **kwargs: Any) -> None:  # the bar counts recorded rounds (round 0 too), the text the round
+        done = rounds_done(p)
+        bar.update(tasks[p.key], completed=done, round=round_of(done, rounds[p.key]), **kwargs)
+
     with bar or contextlib.nullcontext(), Ticker(line_every_s(), rounds_line) if bar is None \
             else contextlib.nullcontext():
-        tasks = {p.key: bar.add_task(p.label, total=total_rounds, start=False) for p in todo} if bar else {}
+        tasks = {p.key: bar.add_task(p.label, total=rounds[p.key] + 1, start=False, round=round_of(0, rounds[p.key]))
+                 for p in todo} if bar else {}
         stop = threading.Event()
 
         def watch() -> None:  # show which pair and round is running
             while not stop.wait(2.0):
                 for p in todo:
-                    bar.update(tasks[p.key], completed=rounds_done(p))
+                    show(p)
 
         free: queue.SimpleQueue = queue.SimpleQueue()  # the side-by-side slots, each with its GPUs
         for slot in gpu_slots(min(jobs, max(1, len(todo))), torch.cuda.device_count()):  # no GPU left idle
@@ -314,7 +374,7 @@ def execute_pairs(todo: list[Pair], jobs: int, console: Console) -> dict[str, Op
             state = "failed" if errors[p.key] else "done"
             line = f"{p.label} ({state}, {time.perf_counter() - started:.0f} s)"
             if bar:
-                bar.update(tasks[p.key], completed=rounds_done(p), description=line)
+                show(p, description=line)
             console.print(line)
 
         watcher = threading.Thread(target=watch, daemon=True)

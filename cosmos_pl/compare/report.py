@@ -2,12 +2,16 @@
 
 Conventions (COSMOS paper, Table 2): a number is the final-round (or best-round) mean personalized accuracy over
 clients, averaged over seeds; its ± is the SEM of the per-seed means. A † marks a baseline whose SEM interval
-[mean - SEM, mean + SEM] does not overlap COSMOS's; on the COSMOS row it means no baseline overlaps. Because every
-algorithm of a seed shares that seed's partition and round-0 models, the report also gives the paired difference
-(COSMOS minus the baseline, final round, per seed): its mean ± SEM over the seeds both finished, and its 95%
-confidence interval, mean ± t(0.975, n - 1) * SEM (Student t over the n per-seed differences); a ‡ marks a baseline
-whose interval lies above 0 (on the COSMOS row: every baseline's does). The seed-to-seed spread of the partition
-itself cancels in the paired difference, so ‡ can hold where † does not.
+[mean - SEM, mean + SEM] does not overlap COSMOS's. Because every algorithm of a seed shares that seed's partition
+and round-0 models, the report also gives the paired difference (COSMOS minus the baseline, final round, per seed):
+its mean ± SEM over the seeds both finished, and its 95% confidence interval, mean ± t(0.975, n - 1) * SEM (Student
+t over the n per-seed differences); a ‡ marks a baseline whose interval excludes 0. The seed-to-seed spread of the
+partition itself cancels in the paired difference, so ‡ can hold where † does not.
+
+Every mark carries the sign of COSMOS minus the baseline, as the "COSMOS - this" column does: ``+†`` COSMOS above
+the baseline, ``-†`` COSMOS below it; ``+‡`` the paired interval lies above 0, ``-‡`` below. On the COSMOS row a
+mark means the same against every baseline (``+†``: above all of them, no interval overlapping). A short legend
+stands under each table.
 
 With fewer than 2 seeds there is no SEM and no interval ("n/a") and no mark: one seed says nothing about the
 spread.
@@ -31,7 +35,7 @@ from typing import Any, Optional
 from cosmos_pl.files import atomic_write_text
 from cosmos_pl.report import METRIC_LABEL, mean_sem, round_figure, save_round_figure
 
-__all__ = ["PairResult", "AlgorithmRow", "summarize", "overlaps", "paired_interval", "write_report",
+__all__ = ["PairResult", "AlgorithmRow", "summarize", "marks", "overlaps", "paired_interval", "write_report",
            "comparison_markdown", "communication_markdown", "clustering_of", "Clustering", "plus_minus"]
 
 _OTHER = {"top1": "top5", "top5": "top1"}
@@ -81,9 +85,10 @@ class AlgorithmRow:
     best: dict[str, float]
     local_only: dict[str, float]
     failed: list[str]
-    dagger: bool = False
+    dagger: int = 0  # † with its sign: +1 the reference above this row, SEM intervals apart; -1 below; 0 no mark
     paired: Optional[dict[str, float]] = None  # reference minus this row, final round, paired by seed (with its CI)
-    paired_above_zero: bool = False  # the paired 95% interval lies above 0 (‡)
+    paired_above_zero: bool = False  # the paired 95% interval lies above 0 (+‡)
+    paired_below_zero: bool = False  # ... below 0 (-‡): the reference is below this row
     other_final: Optional[dict[str, float]] = None
     val_final: Optional[dict[str, float]] = None
     clustering: Optional[Clustering] = None
@@ -154,8 +159,10 @@ def summarize(pairs: list[PairResult], reference: str = "cosmos", metric: str = 
     """Group pairs by algorithm (in first-seen order) and mark † and ‡ against ``reference``, in ``metric``.
 
     Per seed, final = the last round's mean personalized accuracy, best = the highest over rounds >= 1; over seeds,
-    mean, SEM (sample std / sqrt(S)) and n. Rows with fewer than 2 seeds get no mark, nor does the reference
-    when it has fewer. Failed pairs are listed, not averaged.
+    mean, SEM (sample std / sqrt(S)) and n. Each mark has the sign of the reference minus the row
+    (:attr:`AlgorithmRow.dagger` +1 or -1; :attr:`AlgorithmRow.paired_above_zero` or ``paired_below_zero``); the
+    reference's row gets a mark where every other row has it with the same sign. Rows with fewer than 2 seeds get no
+    mark, nor does the reference when it has fewer. Failed pairs are listed, not averaged.
     """
     order: list[str] = []
     for p in pairs:
@@ -185,14 +192,26 @@ def summarize(pairs: list[PairResult], reference: str = "cosmos", metric: str = 
         final_of = {(p.algorithm, p.seed): p.series(metric)[-1] for p in pairs
                     if p.error is None and len(p.series(metric)) > 1}
         for r in others:
-            r.dagger = _spread(ref.final) and _spread(r.final) and not overlaps(ref.final, r.final)
+            if _spread(ref.final) and _spread(r.final) and not overlaps(ref.final, r.final):
+                r.dagger = 1 if ref.final["mean"] > r.final["mean"] else -1
             common = [s for s in r.seeds if s in ref.seeds]
             if common:
                 r.paired = paired_interval([final_of[(reference, s)] - final_of[(r.algorithm, s)] for s in common])
                 r.paired_above_zero = _spread(r.paired) and r.paired["low"] > 0
-        ref.dagger = bool(others) and all(r.dagger for r in others)
+                r.paired_below_zero = _spread(r.paired) and r.paired["high"] < 0
+        signs = {r.dagger for r in others}
+        ref.dagger = signs.pop() if len(signs) == 1 else 0
         ref.paired_above_zero = bool(others) and all(r.paired_above_zero for r in others)
+        ref.paired_below_zero = bool(others) and all(r.paired_below_zero for r in others)
     return rows
+
+
+def marks(row: AlgorithmRow) -> str:
+    """The row's marks, each signed as COSMOS minus the row, space-separated: ``+†`` or ``-†``, then ``+‡`` or
+    ``-‡``; ``""`` without a mark."""
+    out = [f"{'+' if row.dagger > 0 else '-'}†"] if row.dagger else []
+    out += ["+‡"] if row.paired_above_zero else ["-‡"] if row.paired_below_zero else []
+    return " ".join(out)
 
 
 def plus_minus(stats: Optional[dict[str, float]]) -> str:
@@ -209,34 +228,30 @@ def _interval(stats: Optional[dict[str, float]]) -> str:
 
 
 def comparison_markdown(rows: list[AlgorithmRow], title: str, metric: str = "top1") -> str:
+    """comparison.md: the table (a row per algorithm, its marks beside its name: :func:`marks`), then a short legend
+    under it, the sentences on clusterings that fell back, and the failed pairs."""
     label, other = METRIC_LABEL[metric], METRIC_LABEL[_OTHER[metric]]
     few = [r.algorithm for r in rows if r.seeds and not _spread(r.final)]
-    lines = [f"# {title}", "",
-             f"Headline metric: {label} accuracy. Final-round and best-round mean personalized accuracy over clients; "
-             "mean ± SEM of the per-seed means. "
-             "† (baseline rows): the SEM interval does not overlap COSMOS's; † on COSMOS: it overlaps no baseline "
-             "(the paper's mark, unpaired). "
-             "COSMOS - this: the final-round difference paired by seed (same partition and round 0), mean ± SEM over "
-             "seeds, and its 95% confidence interval (Student t, n - 1 degrees of freedom); ‡ (baseline rows): that "
-             "interval lies above 0; ‡ on COSMOS: every baseline's does. "
-             "Best round is reported beside final and never used to select anything. "
-             "Validation: the final round's top-1 accuracy on the clients' validation splits, what a setting is "
-             "chosen on. Clusters (algorithms that cluster): K per seed and its mean, * where the clustering showed "
-             "weak structure, and the adjusted Rand index against the true groups (a simulation's).", ""]
-    if few:
-        lines += [f"With fewer than 2 seeds ({', '.join(few)}) there is no SEM and no interval (n/a) and no mark: one "
-                  "seed says nothing about the seed-to-seed spread.", ""]
-    lines += [f"| algorithm | scored model | seeds | final round ({label}) | best round | local-only (round 0) | "
-              f"COSMOS - this | 95% interval | final round ({other}) | validation (top-1) | clusters |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [f"# {title}", "", f"Headline metric: {label} accuracy.", "",
+             f"| algorithm | scored model | seeds | final round ({label}) | best round | local-only (round 0) | "
+             f"COSMOS - this | 95% interval | final round ({other}) | validation (top-1) | clusters |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        marks = ("†" if r.dagger else "") + ("‡" if r.paired_above_zero else "")
-        name = r.algorithm + (f" {marks}" if marks else "")
+        name = f"{r.algorithm} {marks(r)}".strip()
         seeds = ",".join(map(str, r.seeds)) or "-"
         lines.append(f"| {name} | {r.scored_model or '-'} | {seeds} | {plus_minus(r.final)} | {plus_minus(r.best)} | "
                      f"{plus_minus(r.local_only)} | {plus_minus(r.paired)} | {_interval(r.paired)} | "
                      f"{plus_minus(r.other_final)} | {plus_minus(r.val_final)} | "
                      f"{r.clustering.cell() if r.clustering else '-'} |")
+    lines += ["", "Mean personalized accuracy over clients, mean ± SEM over seeds. Marks, signed as COSMOS - this: "
+              "+† / -† COSMOS above / below this baseline, SEM intervals apart (the paper's †, unpaired); +‡ / -‡ "
+              "COSMOS - this, paired by seed (same partition and round 0), has its 95% interval (Student t) above / "
+              "below 0; on COSMOS, the same against every baseline. Best round: never used to choose; validation: "
+              "what a setting is chosen on; clusters: K per seed (* weak structure), adjusted Rand index against the "
+              "true groups."]
+    if few:
+        lines += ["", f"With fewer than 2 seeds ({', '.join(few)}) there is no SEM and no interval (n/a) and no mark: "
+                  "one seed says nothing about the seed-to-seed spread."]
     said = [_fallback_words(r) for r in rows if r.clustering and (r.clustering.alone_seeds or r.clustering.weak_seeds)]
     if said:
         lines += [""] + [f"- {words}" for words in said]
@@ -274,6 +289,7 @@ def _csv(rows: list[AlgorithmRow], metric: str = "top1") -> str:
     w.writerow(["algorithm", "scored_model", "headline_metric", "seeds", "final_mean", "final_sem", "best_mean",
                 "best_sem", "local_only_mean", "local_only_sem", "dagger", "failed_pairs", "paired_diff_mean",
                 "paired_diff_sem", "paired_diff_ci95_low", "paired_diff_ci95_high", "paired_above_zero",
+                "paired_below_zero",
                 f"final_{_OTHER[metric]}_mean", f"final_{_OTHER[metric]}_sem", "final_val_top1_mean",
                 "final_val_top1_sem", "clusters_K_mean", "clusters_K_per_seed", "clusters_weak_seeds",
                 "clusters_alone_seeds", "clusters_ari_mean", "clusters_ari_per_seed"])
@@ -282,7 +298,8 @@ def _csv(rows: list[AlgorithmRow], metric: str = "top1") -> str:
                     num(r.final, "mean"), num(r.final, "sem"), num(r.best, "mean"), num(r.best, "sem"),
                     num(r.local_only, "mean"), num(r.local_only, "sem"), int(r.dagger), len(r.failed),
                     num(r.paired, "mean"), num(r.paired, "sem"), num(r.paired, "low"), num(r.paired, "high"),
-                    int(r.paired_above_zero), num(r.other_final, "mean"), num(r.other_final, "sem"),
+                    int(r.paired_above_zero), int(r.paired_below_zero), num(r.other_final, "mean"),
+                    num(r.other_final, "sem"),
                     num(r.val_final, "mean"), num(r.val_final, "sem"), *_cluster_cells(r.clustering)])
     return buf.getvalue()
 
