@@ -145,14 +145,15 @@ def test_npz_tiny(tmp_path):
 def test_image_folder(tmp_path):
     from torchvision.io import write_png
 
-    for split, cls, i, size in [("train", "a", 0, 6), ("train", "b", 1, 8), ("test", "b", 2, 8)]:
+    for split, cls, i, size in [("train", "a", 0, 6), ("train", "b", 1, 8), ("test", "b", 2, 8), ("test", "a", 3, 8)]:
         (tmp_path / split / cls).mkdir(parents=True, exist_ok=True)
         write_png(torch.full((3, size, size), 10 * i, dtype=torch.uint8), str(tmp_path / split / cls / f"{i}.png"))
     with pytest.raises(ValueError, match="image_size"):
         ImageFolderData(str(tmp_path)).load()
     d = ImageFolderData(str(tmp_path), image_size=4).load()
-    assert d.x_train.shape == (2, 3, 4, 4) and d.x_test.shape == (1, 3, 4, 4)
-    assert d.classes == ["a", "b"] and d.y_test.tolist() == [1]  # test/ has only b, index from train
+    assert d.x_train.shape == (2, 3, 4, 4) and d.x_test.shape == (2, 3, 4, 4)
+    assert d.classes == ["a", "b"] and d.y_test.tolist() == [0, 1]
+    assert d.x_test[:, 0, 0, 0].tolist() == [30, 20]  # test/a/3.png, then test/b/2.png
 
 
 def test_missing_datasets_raise_file_not_found(tmp_path, monkeypatch):

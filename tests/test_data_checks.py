@@ -142,6 +142,22 @@ def test_the_validation_split_may_not_leave_a_client_one_training_sample():
                          validation_fraction=0.5)
 
 
+def test_a_class_clients_hold_without_test_samples_is_refused():
+    # class c: 10 training samples, 0 test samples; client 0 holds 2 of them (client 1 none): its test set would
+    # have lost c's share without a word
+    data = small_data(test_counts=(5, 5))
+    with pytest.raises(DataError) as err:
+        build_federation(data, FixedCounts([[5, 5, 2], [5, 5, 0]]), 2, public_fraction=0.0)
+    assert str(err.value) == (
+        "data set 'small': 1 class(es) with training samples have no test samples: 'c' (2 training, 0 test). Each "
+        "client's test set is drawn in proportion to its own training classes, so a client holding these would be "
+        "scored on fewer test samples and never on them: add test samples of these classes to the test split, or "
+        "leave their training samples out")
+    # counted over what clients hold: a class no client holds needs no test sample
+    fed = build_federation(data, FixedCounts([[5, 5, 0], [5, 5, 0]]), 2, public_fraction=0.0)
+    assert [torch.bincount(c.y_test, minlength=3).tolist() for c in fed.clients] == [[5, 5, 0], [5, 5, 0]]
+
+
 def test_a_public_set_of_fewer_than_two_samples_is_refused():
     data = small_data()  # 30 training samples
     # round_half_up(0.04 * 30) = round_half_up(1.2) = 1 sample; 0.01 * 30 = 0.3 -> 0 samples though asked for
@@ -290,13 +306,31 @@ def test_an_undecodable_image_file_is_named(repo_root, tmp_path, capsys):
     from cosmos_pl.cli import main
 
     root = tmp_path / "images"
-    _image_folder(root, ["train/a/0.png", "train/b/1.png", "test/a/2.png"])
+    _image_folder(root, ["train/a/0.png", "train/b/1.png", "test/a/2.png", "test/b/3.png"])
     (root / "train" / "b" / "1.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
     flags = ["--data.dataset", "cosmos_pl.data.ImageFolderData", "--data.dataset.root", str(root)]
     assert main(_fit_on(repo_root, tmp_path, *flags)) == 2
     err = _one_line(capsys)
     assert err.startswith(f"cosmos-pl: error: image file {root}/train/b/1.png cannot be decoded (")
-    assert err.endswith("): replace it with a readable JPEG or PNG, or remove it")
+    assert err.endswith("): replace it with a readable image (JPEG, PNG, WebP, BMP, TIFF, PPM or PGM, 8 or 16 bits "
+                        "per sample), or remove it")
+    assert ".cpp" not in err
+
+
+def test_three_undecodable_image_files_are_named_in_one_run(repo_root, tmp_path, capsys):
+    from cosmos_pl.cli import main
+
+    root = tmp_path / "images"
+    _image_folder(root, ["train/a/0.png", "train/a/1.png", "train/b/2.png", "train/b/3.png", "test/a/4.png",
+                         "test/b/5.png"])
+    broken = [root / "train/a/1.png", root / "train/b/3.png", root / "test/b/5.png"]
+    for path in broken:
+        path.write_bytes(b"torn")
+    flags = ["--data.dataset", "cosmos_pl.data.ImageFolderData", "--data.dataset.root", str(root)]
+    assert main(_fit_on(repo_root, tmp_path, *flags)) == 2
+    err = _one_line(capsys)
+    assert err.startswith(f"cosmos-pl: error: 3 of the 6 image files cannot be decoded: {broken[0]} (")
+    assert f"); {broken[1]} (" in err and f"); {broken[2]} (" in err and ".cpp" not in err
 
 
 def test_an_empty_class_folder_is_named(repo_root, tmp_path, capsys):

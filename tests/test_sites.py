@@ -206,6 +206,41 @@ def test_the_server_side_holds_no_client_tensor_after_a_round(exported, tmp_path
             assert not (t.shape == p.shape and t.dtype == p.dtype and torch.equal(t, p)), (t.shape, t.dtype)
 
 
+def _client_folder(folder, classes):
+    folder.mkdir()
+    np.savez(folder / "data.npz", x_train=np.zeros((2, 1, 2, 2), np.uint8), y_train=np.array([0, 1]),
+             x_test=np.zeros((2, 1, 2, 2), np.uint8), y_test=np.array([0, 1]), classes=classes)
+
+
+def test_a_missing_client_folder_is_named(tmp_path):
+    from cosmos_pl.data import SiteFolders
+    from cosmos_pl.errors import ConfigError
+
+    root = tmp_path / "export"  # an export's layout: U, and client folders 0, 1, 2, 4, 5 (client_3 lost)
+    root.mkdir()
+    classes = np.array(["a", "b"])
+    np.savez(root / "public.npz", x_public=np.zeros((2, 1, 2, 2), np.uint8), classes=classes)
+    for i in (0, 1, 2, 4, 5):
+        _client_folder(root / f"client_{i}", classes)
+    with pytest.raises(ConfigError) as e:
+        SiteFolders(str(root)).federation(6, 0.0, 0)
+    assert str(e.value) == (f"{root}: client_3 is missing (expected client_0 .. client_5 for data.num_clients=6; "
+                            "it holds client_0, client_1, client_2, client_4, client_5): put the missing folder(s) "
+                            "back, or export the federation again into a new folder (cosmos-pl export-partition "
+                            "--out DIR)")
+    with pytest.raises(ConfigError, match=r"client_3, client_6 are missing \(expected client_0 \.\. client_6 for "
+                                          r"data.num_clients=7;"):
+        SiteFolders(str(root)).federation(7, 0.0, 0)
+    with pytest.raises(ConfigError, match=rf"^data.num_clients=3: {root} also holds client_4, client_5 \(expected "
+                                          r"client_0 \.\. client_2 for data.num_clients=3\): give data.num_clients "
+                                          r"6 to read every client folder, or move the others out$"):
+        SiteFolders(str(root)).federation(3, 0.0, 0)
+    _client_folder(root / "client_3", classes)  # put back; a folder not named client_<number> is no client's
+    (root / "client_x").mkdir()
+    fed = SiteFolders(str(root)).federation(6, 0.0, 0)
+    assert fed.num_clients == 6 and [len(c.y) for c in fed.clients] == [2, 2, 2, 2, 2, 2]
+
+
 def test_an_upload_declaring_another_shape_is_refused_before_it_is_decoded():
     import numpy as np_
 

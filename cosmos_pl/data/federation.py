@@ -23,6 +23,7 @@ import torch
 from cosmos_pl.errors import ConfigError, DataError
 
 from .datasets import ImageData
+from .datasets.base import check_tested_classes
 from .guard import check_client_data_allowed
 from .partition import MIN_TRAIN_SAMPLES, Partition, Partitioner
 
@@ -198,7 +199,8 @@ def build_federation(
          the number of test samples in the classes client i holds; split over classes in
          proportion to its training class counts (largest-remainder rounding), drawn
          without replacement from the test split with ``default_rng((seed, i))``, each
-         class capped by its availability (so a capped client may get fewer).
+         class capped by its availability (so a capped client may get fewer). A class that clients hold
+         without any test sample is refused (DataError), not left out of their test sets.
       5. With ``validation_fraction`` > 0, client i's validation set is carved from its
          partition by :func:`validation_split` with ``default_rng((seed, i, 2**31 + 1))``;
          its test set (step 4) still follows the whole partition's label distribution.
@@ -222,7 +224,8 @@ def build_federation(
             max_train_samples < num_classes, a public_fraction > 0 that gives U fewer than 2 samples, or the
             partitioner's own ConfigError for impossible settings.
         DataError: a client left with fewer than ``MIN_TRAIN_SAMPLES`` = 2 training samples (after the
-            validation split), naming the clients, their sizes, the partitioner and the fix; or the
+            validation split), naming the clients, their sizes, the partitioner and the fix; a class that clients
+            hold without any test sample (:func:`~cosmos_pl.data.datasets.base.check_tested_classes`); or the
             partitioner's own DataError.
     """
     if num_clients < 1:
@@ -261,6 +264,8 @@ def build_federation(
     y_test_all = data.y_test.numpy()
     test_by_class = [np.flatnonzero(y_test_all == c) for c in range(m)]
     available = np.array([len(ix) for ix in test_by_class], dtype=np.int64)
+    check_tested_classes(data.name, data.source, data.classes, counts.sum(axis=0), available,
+                         "add test samples of these classes to the test split, or leave their training samples out")
 
     clients = []
     for i, ix in enumerate(partition.client_indices):

@@ -31,7 +31,7 @@ from .guard import check_client_data_allowed
 from .federation import VALIDATION_STREAM, ClientData, Federation, validation_split
 from .partition import Partition
 
-__all__ = ["export_federation", "load_site", "load_public", "SiteFolders"]
+__all__ = ["export_federation", "load_site", "load_public", "client_folders", "SiteFolders"]
 
 
 def _save_npz(path: Path, **arrays: Any) -> None:
@@ -97,13 +97,14 @@ def _read(folder: Path) -> tuple[torch.Tensor, np.ndarray, torch.Tensor, np.ndar
     if (folder / "train").is_dir() and (folder / "test").is_dir():
         from torchvision.datasets import ImageFolder
 
-        splits = []
+        trees = []
         for split in ("train", "test"):
             check_class_folders(folder / split)
-            tree = ImageFolder(str(folder / split))
-            x = decode_images([p for p, _ in tree.samples])
-            splits += [x, np.array([tree.classes[y] for y in tree.targets])]
-        return splits[0], splits[1], splits[2], splits[3]
+            trees.append(ImageFolder(str(folder / split)))
+        x = decode_images([p for tree in trees for p, _ in tree.samples])  # one pass: one error names them all
+        n = len(trees[0].samples)
+        train_names, test_names = (np.array([tree.classes[y] for y in tree.targets]) for tree in trees)
+        return x[:n], train_names, x[n:], test_names
     raise FileNotFoundError(f"{folder}: holds neither data.npz nor train/ and test/ folders: give the folder "
                             "cosmos-pl export-partition wrote for this site, or an ImageFolder tree")
 
@@ -144,11 +145,43 @@ def load_site(folder: str | Path, classes: list[str], image_shape: tuple[int, in
     return ClientData(x=x, y=y, x_test=x_test, y_test=y_test, class_counts=counts, x_val=x_val, y_val=y_val)
 
 
+def _span(names: list[str]) -> str:
+    """``client_3`` or ``client_3, client_5`` (at most 10 named, then a count)."""
+    return ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+
+
+def client_folders(root: Path, num_clients: int) -> list[Path]:
+    """The client folders of an export, ``root/client_0`` .. ``root/client_<num_clients - 1>``, in client order.
+
+    Raises:
+        ConfigError: a client folder is missing (naming it and the folders expected), or there are folders of
+            clients beyond ``num_clients`` (naming them and the ``data.num_clients`` that reads them all).
+    """
+    from cosmos_pl.errors import ConfigError
+
+    found = {int(p.name[len("client_"):]): p for p in root.glob("client_*")
+             if p.is_dir() and p.name[len("client_"):].isdigit()}
+    expected = f"expected client_0 .. client_{num_clients - 1} for data.num_clients={num_clients}"
+    missing = [f"client_{i}" for i in range(num_clients) if i not in found]
+    if missing:
+        there = f"; it holds {_span([f'client_{i}' for i in sorted(found)])}" if found else ""
+        raise ConfigError(f"{root}: {_span(missing)} {'is' if len(missing) == 1 else 'are'} missing ({expected}"
+                          f"{there}): put the missing folder(s) back, or export the federation again into a new "
+                          "folder (cosmos-pl export-partition --out DIR)")
+    extra = sorted(i for i in found if i >= num_clients)
+    if extra:
+        raise ConfigError(f"data.num_clients={num_clients}: {root} also holds {_span([f'client_{i}' for i in extra])}"
+                          f" ({expected}): give data.num_clients {max(found) + 1} to read every client folder, or "
+                          "move the others out")
+    return [found[i] for i in range(num_clients)]
+
+
 class SiteFolders(ImageDataset):
     """The federation an export wrote (``cosmos-pl export-partition``), read as a simulation: U from
     ``public.npz``, client i from ``client_<i>/`` (data.npz or an ImageFolder tree). The partition is the folders';
-    ``data.partitioner`` and ``data.public_fraction`` are not used, ``data.num_clients`` must equal the folders'
-    count and ``data.validation_fraction`` is carved from each client's data as it would be on its site."""
+    ``data.partitioner`` and ``data.public_fraction`` are not used, the folders must be ``client_0`` ..
+    ``client_<data.num_clients - 1>`` (:func:`client_folders`) and ``data.validation_fraction`` is carved from each
+    client's data as it would be on its site."""
 
     name = "site_folders"
 
@@ -164,18 +197,14 @@ class SiteFolders(ImageDataset):
         """The federation of the folders.
 
         Raises:
-            ConfigError: a count of client folders other than ``num_clients``.
+            ConfigError: client folders other than ``client_0`` .. ``client_<num_clients - 1>`` (see
+                :func:`client_folders`).
             DataError: see :func:`load_public` and :func:`load_site`.
             FileNotFoundError: see :func:`load_public` and :func:`load_site`.
         """
-        from cosmos_pl.errors import ConfigError
-
         root = Path(self.root)
         public, classes = load_public(root / "public.npz")
-        folders = sorted((p for p in root.glob("client_*") if p.is_dir()), key=lambda p: int(p.name.split("_")[1]))
-        if len(folders) != num_clients:
-            raise ConfigError(f"data.num_clients={num_clients}: {root} holds {len(folders)} client folders; give "
-                              f"data.num_clients {len(folders)}")
+        folders = client_folders(root, num_clients)
         shape = tuple(public.shape[1:])
         clients = [load_site(f, classes, shape, validation_fraction, seed, i) for i, f in enumerate(folders)]
         meta = root / "partition.json"

@@ -15,7 +15,8 @@ import torch
 from cosmos_pl.data.guard import check_client_data_allowed
 from cosmos_pl.errors import DataError
 
-__all__ = ["ImageData", "check_image_data", "ImageDataset", "data_not_found", "from_numpy", "torchvision_pair"]
+__all__ = ["ImageData", "check_image_data", "check_tested_classes", "ImageDataset", "data_not_found", "from_numpy",
+           "torchvision_pair"]
 
 
 @dataclass
@@ -113,6 +114,37 @@ def check_image_data(data: ImageData) -> None:
         (c, h, w), (ct, ht, wt) = data.x_train.shape[1:], data.x_test.shape[1:]
         raise DataError(f"{where}: field x_test has images of C x H x W = {ct} x {ht} x {wt} but x_train has "
                         f"{c} x {h} x {w}: both splits need the same channel count and image size")
+
+
+def check_tested_classes(name: str, source: str, classes: list[str], train_counts: np.ndarray,
+                         test_counts: np.ndarray, fix: str) -> None:
+    """Every class with training samples has test samples.
+
+    Each client's test set is drawn from the test split in proportion to the client's training classes
+    (:func:`~cosmos_pl.data.build_federation`); a class without test samples would silently leave its clients smaller
+    test sets that never score it, so personalized accuracy would mean something else for them.
+
+    Args:
+        name: the data set's name (named in the error).
+        source: its file or folder (named in the error), or "".
+        classes: the class names [M].
+        train_counts: int [M], training samples per class (of the samples that reach clients).
+        test_counts: int [M], test samples per class.
+        fix: what the user can do, ending the message.
+
+    Raises:
+        DataError: naming the classes without test samples (at most 10, then a count), their training and test
+            counts, and ``fix``.
+    """
+    untested = [k for k in range(len(classes)) if train_counts[k] > 0 and test_counts[k] == 0]
+    if not untested:
+        return
+    listed = ", ".join(f"{classes[k]!r} ({int(train_counts[k])} training, 0 test)" for k in untested[:10])
+    if len(untested) > 10:
+        listed += f", and {len(untested) - 10} more"
+    raise DataError(f"{_where(name, source)}: {len(untested)} class(es) with training samples have no test samples: "
+                    f"{listed}. Each client's test set is drawn in proportion to its own training classes, so a "
+                    f"client holding these would be scored on fewer test samples and never on them: {fix}")
 
 
 class ImageDataset:
