@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections.abc
+import html
 import re
 import sys
 import types
@@ -88,10 +89,12 @@ def option_tables(name: str, api_pages: set[str], prefix: str = "") -> str:
             out += [_inline(group.description.strip().rstrip(".")) + ".", ""]
         if section in loaders:
             out += [f"The whole section can also come from a file of its own: `--{section} FILE.yaml`.", ""]
+        # in a block of class option-table (md_in_html): docs/css/options.css keeps each flag on one line
+        out += ['<div class="option-table" markdown>', ""]
         out += ["| option | type | default | what it does |", "| --- | --- | --- | --- |"]
         for action in rows:
             out.append(_row(action, help_actions.get(action.dest), api_pages, prefix))
-        out.append("")
+        out += ["", "</div>", ""]
     return "\n".join(out)
 
 
@@ -101,17 +104,17 @@ def _is_class_help(action: argparse.Action) -> bool:
 
 
 def _row(action: argparse.Action, class_help: argparse.Action | None, api_pages: set[str], prefix: str) -> str:
-    flags = ", ".join(f"`{flag}`" for flag in action.option_strings)
+    flags = "<br>".join(f"`{flag}`" for flag in action.option_strings)  # one flag a line
     help_text = _inline(action.help or "")
     if class_help is not None:
         bases = getattr(class_help, "_help_types", ()) or ()
-        kind = " or ".join(f"`{_qualname(b)}`" for b in bases) or "a class"
+        kind = " or ".join(_code(_qualname(b)) for b in bases) or "a class"
         type_text = f"class path: a subclass of {kind}"
         flag = class_help.option_strings[0]
         links = [f"[API reference]({prefix}{page})" for page in sorted({_api_page(b, api_pages) for b in bases})
                  if page]
-        help_text += (f" The chosen class's own settings (`{action.option_strings[0]}.init_args.NAME`, or "
-                      f"`{action.option_strings[0]}.NAME`): `cosmos-pl fit {flag} CLASS`"
+        help_text += (f" The chosen class's own settings ({_code(action.option_strings[0] + '.init_args.NAME')}, or "
+                      f"{_code(action.option_strings[0] + '.NAME')}): {_code(f'cosmos-pl fit {flag} CLASS')}"
                       + (f"; {', '.join(links)}" if links else "") + ".")
         default = _class_default(action.default)
     else:
@@ -130,7 +133,7 @@ def _type_text(action: argparse.Action) -> str:
         return "flag"
     if typehint is None:
         return "-"
-    text = f"`{_escape_code(format_type(typehint))}`"
+    text = _code(format_type(typehint))
     if isinstance(action, argparse._AppendAction):
         text += ", repeatable"
     return text
@@ -165,17 +168,17 @@ def _default(action: argparse.Action) -> str:
         return "-"
     if action.default == argparse.SUPPRESS:
         return "-"
-    return f"`{_escape_code(format_value(action.default))}`"
+    return _code(format_value(action.default))
 
 
 def _class_default(default: Any) -> str:
     if isinstance(default, dict) and "class_path" in default:
-        text = f"`{default['class_path']}`"
+        text = _code(default["class_path"])
         init_args = default.get("init_args") or {}
         if init_args:
-            text += f" with `{_escape_code(format_value(dict(init_args)))}`"
+            text += f" with {_code(format_value(dict(init_args)))}"
         return text
-    return "-" if default in (None, argparse.SUPPRESS) else f"`{_escape_code(format_value(default))}`"
+    return "-" if default in (None, argparse.SUPPRESS) else _code(format_value(default))
 
 
 def format_value(value: Any) -> str:
@@ -208,22 +211,55 @@ def _qualname(cls: type) -> str:
     return f"{module}.{cls.__qualname__}" if module and module != "builtins" else cls.__qualname__
 
 
-def _escape_code(text: str) -> str:
-    """Text for a code span inside a table cell: one line, no backtick that would end the span."""
-    return " ".join(text.split()).replace("`", "'")
+# characters that markdown (emphasis, links, escapes, code spans) or a table (a cell's end) would read in a cell
+_MARKDOWN_ENTITIES = {char: f"&#{ord(char)};" for char in "\\`*_[]|"}
+# where code may wrap (docs/css/options.css keeps each piece between two of these whole): after a space, after
+# one of ,/:|_ that no space follows, after a dot that no digit follows (0.001 stays whole)
+_BREAKS = re.compile(r"(?<=[ ,/:|_])(?! )|(?<=\.)(?![\d ])")
+# a flag named in prose (--overwrite, --data.num_clients): code, so that it never wraps at its dashes
+_FLAG = re.compile(r"(?<![\w-])(--[A-Za-z](?:[\w.-]*\w)?)")  # not a sentence's full stop
+
+
+def _code(text: str) -> str:
+    """Text as code for a table cell, in HTML (a markdown code span cannot hold a break opportunity): one line,
+    in pieces that end where ``_BREAKS`` matches; a piece never wraps (a browser would wrap at
+    a ``-``: ``--`` / ``algorithm``), the code wraps only between pieces (``torch.optim.`` / ``Adam``)."""
+    spans = []
+    for piece in filter(None, _BREAKS.split(" ".join(text.split()))):
+        escaped = "".join(_MARKDOWN_ENTITIES.get(char, html.escape(char, quote=False)) for char in piece)
+        spans.append(f'<span class="piece">{escaped}</span>')
+    return f"<code>{'<wbr>'.join(spans)}</code>"
 
 
 def _inline(text: str) -> str:
-    """Help text for a table cell: one line, with the characters markdown or a table would read escaped."""
-    text = " ".join(text.split())
-    # ``x`` (reStructuredText literals in the docstrings) is a code span in markdown as well: keep code spans
-    # whole and escape only the prose between them
-    pieces = re.split(r"(``[^`]+``|`[^`]+`)", text)
+    """Help text for a table cell: one line, with the characters markdown or a table would read escaped, its code
+    spans and the flags it names as :func:`_code`, and each Sphinx role of the docstrings (``:class:`~a.b.C```)
+    an optional cross-reference: a link where the site documents its target, else code (as
+    docs/hooks/griffe_roles.py writes them in the API reference)."""
+    from cosmos_pl.docstrings import replace_roles
+
+    text = replace_roles(" ".join(text.split()), _autoref)
+    # ``x`` (reStructuredText literals in the docstrings) and `x` are code; the cross-references' tags stay whole;
+    # only the prose between them is escaped
+    pieces = re.split(r"(``[^`]+``|`[^`]+`|<autoref [^<>]*>|</autoref>)", text)
     for i, piece in enumerate(pieces):
-        if i % 2 == 0:
-            piece = piece.replace("\\", "\\\\")
-            piece = piece.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        if i % 2 == 1:
+            pieces[i] = piece if piece.startswith("<") else _code(piece.strip("`"))
+            continue
+        prose = _FLAG.split(piece)
+        for k, part in enumerate(prose):
+            if k % 2 == 1:
+                prose[k] = _code(part)
+                continue
+            part = part.replace("\\", "\\\\")
+            part = part.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
             for char in "*_[]|":
-                piece = piece.replace(char, "\\" + char)
-        pieces[i] = piece  # a code span stays as written: a table does not split a cell at a | inside one
+                part = part.replace(char, "\\" + char)
+            prose[k] = part
+        pieces[i] = "".join(prose)
     return "".join(pieces)
+
+
+def _autoref(role: Any) -> str:
+    """A role (:class:`cosmos_pl.docstrings.Role`) as an optional cross-reference to its target, titled in code."""
+    return f'<autoref identifier="{html.escape(role.target)}" optional>`{role.title}`</autoref>'
