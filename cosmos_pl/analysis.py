@@ -2,10 +2,13 @@
 
 A run directory holds ``metrics.csv`` (one row per round), ``clients.csv`` (one
 row per round and client), ``clusters.json``, ``summary.json``, ``config.yaml``
-and ``partition.json``.  :func:`load_run` reads them into plain Python objects;
-:func:`plot_accuracy` and :func:`plot_clusters` draw the two standard figures
-and :func:`headline` / :func:`final_clients_table` give the text summaries used
-by ``notebooks/explore_run.ipynb``.
+and ``partition.json``.  :func:`find_run` finds the folder to explore (by default
+the newest run or comparison under ``runs/``); :func:`load_run` reads it into plain
+Python objects; :func:`plot_accuracy` and :func:`plot_clusters` draw the two standard
+figures (:func:`figure_skipped` says why one does not apply) and :func:`headline` /
+:func:`final_clients_table` give the text summaries used by
+``notebooks/explore_run.ipynb``. A comparison folder (``cosmos-pl compare --out``)
+is recognized as one: its headline is its status, its runs and its report.
 
 Only the standard library, numpy, matplotlib and yaml are used (no pandas).
 The plotting functions use the object-oriented matplotlib API and never call
@@ -22,7 +25,9 @@ from typing import Any, Optional
 import numpy as np
 
 __all__ = [
+    "find_run",
     "load_run",
+    "figure_skipped",
     "contingency",
     "plot_accuracy",
     "plot_clusters",
@@ -66,10 +71,56 @@ def _read_json(path: Path) -> Optional[dict]:
         return json.load(fh)
 
 
-def load_run(path) -> dict:
-    """Load a run directory.
+def _pairs(path: Path) -> list[Path]:
+    """A comparison's pair folders: ``runs/<algorithm>-seed<s>/`` (``<point>/runs/...`` with ``--grid``), each
+    holding the ``pair.yaml`` compare writes before the pair runs."""
+    return sorted(p.parent for pattern in ("runs/*/pair.yaml", "*/runs/*/pair.yaml") for p in path.glob(pattern))
 
-    Returns a dict with keys
+
+def _is_comparison(path: Path) -> bool:
+    """Whether ``path`` is a ``cosmos-pl compare --out`` folder: its report (comparison.md, or grid.md for a
+    ``--grid``), or its pair folders before the report is written."""
+    return (path / "comparison.md").is_file() or (path / "grid.md").is_file() or bool(_pairs(path))
+
+
+def _is_run(path: Path) -> bool:
+    return any((path / name).is_file() for name in ("config.yaml", "metrics.csv", "summary.json"))
+
+
+def find_run(path=None, root="runs") -> Path:
+    """The folder to explore: ``path`` when given, else the newest run or comparison directly under ``root``
+    (by the time a file was last written in it).
+
+    A relative ``path`` (or ``root``) that does not exist here is also looked for one folder up, so that the
+    notebook opened from ``notebooks/`` finds ``runs/...`` of the repository root.
+
+    Raises:
+        FileNotFoundError: no ``path`` given and no run or comparison under ``root``; the message says how to make
+            one (``make demo`` writes ``runs/fmnist_quickstart-<time>/``) or how to name one.
+    """
+
+    def here_or_up(p: Path) -> Path:
+        up = Path("..") / p
+        return up if not p.is_absolute() and not p.exists() and up.exists() else p
+
+    if path is not None and str(path) != "":
+        return here_or_up(Path(path).expanduser())
+    folder = here_or_up(Path(root).expanduser())
+    found = [p for p in folder.iterdir() if p.is_dir() and (_is_run(p) or _is_comparison(p))] if folder.is_dir() else []
+    if not found:
+        raise FileNotFoundError(
+            f"no run or comparison under {folder.resolve()}: make one (`make demo` writes "
+            f"runs/fmnist_quickstart-<time>/), or set COSMOS_RUN_DIR (or RUN_DIR) to a run directory")
+    return max(found, key=lambda p: (p.stat().st_mtime, p.name))
+
+
+def load_run(path) -> dict:
+    """Load a run directory, or a comparison folder (``cosmos-pl compare --out``).
+
+    A comparison folder gives ``{"kind": "comparison", "path", "finished", "report", "report_file", "runs"}``:
+    whether its report is written (comparison.md, or grid.md for a ``--grid``: compare writes it once every pair
+    has ended), that report's text and file name (None before), and its pairs' run directories
+    (``runs/<algorithm>-seed<s>``, sorted). A run directory gives ``"kind": "run"`` and the keys
 
     * ``metrics``: list of per-round dict rows; numeric cells are floats (``round``
       and ``num_clusters`` ints), empty cells (e.g. round-0 teacher columns) are
@@ -85,6 +136,11 @@ def load_run(path) -> dict:
     root = Path(path).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"run directory not found: {root}")
+    if _is_comparison(root) and not _is_run(root):
+        report = next((root / name for name in ("comparison.md", "grid.md") if (root / name).is_file()), None)
+        return {"kind": "comparison", "path": root, "finished": report is not None,
+                "report": None if report is None else report.read_text(),
+                "report_file": None if report is None else report.name, "runs": _pairs(root)}
     config = None
     cfg_path = root / "config.yaml"
     if cfg_path.is_file():
@@ -93,6 +149,7 @@ def load_run(path) -> dict:
         with cfg_path.open() as fh:
             config = yaml.safe_load(fh)
     return {
+        "kind": "run",
         "path": root,
         "metrics": _read_csv(root / "metrics.csv"),
         "clients": _read_csv(root / "clients.csv"),
@@ -169,7 +226,13 @@ def plot_accuracy(run, ax=None):
     The teacher curve starts at round 1 (round 0 is local-only training, with no
     teacher); a dashed horizontal line marks the round-0 local-only client
     accuracy.  Returns the matplotlib Axes.
+
+    Raises:
+        ValueError: ``run`` is a comparison (:func:`figure_skipped`'s sentence).
     """
+    skipped = figure_skipped(run, "accuracy")
+    if skipped is not None:
+        raise ValueError(skipped)
     ax = _new_ax(ax)
     rows = sorted(run.get("metrics") or [], key=lambda r: r["round"])
     for key, label, color in (
@@ -206,7 +269,14 @@ def plot_clusters(run, ax=None):
     group, columns = found cluster) titled with K and the adjusted Rand index.
     When the run has no true groups (``true_groups`` is null), draws a bar chart
     of the cluster sizes instead.  Returns the matplotlib Axes.
+
+    Raises:
+        ValueError: the run has no clusters, or ``run`` is a comparison (the message is
+            :func:`figure_skipped`'s sentence).
     """
+    skipped = figure_skipped(run, "clusters")
+    if skipped is not None:
+        raise ValueError(skipped)
     ax = _new_ax(ax)
     info = _clusters_info(run)
     assignment = info.get("assignment") or []
@@ -244,6 +314,33 @@ def plot_clusters(run, ax=None):
     return ax
 
 
+def figure_skipped(run, figure: str) -> Optional[str]:
+    """Why ``figure`` (``"accuracy"``: :func:`plot_accuracy`, ``"clusters"``: :func:`plot_clusters`) does not apply
+    to ``run`` (a :func:`load_run` result), in one sentence; None when it does.
+
+    A comparison has its own figure (accuracy_vs_round.png) and its runs one each; a run without clusters
+    (LocalOnly, FedAvg, FedMD, ...: K is None) has no cluster chart, nor has a clustering run before its first
+    clustering.
+
+    Raises:
+        ValueError: an unknown ``figure``.
+    """
+    if figure not in ("accuracy", "clusters"):
+        raise ValueError(f"figure={figure!r}: give 'accuracy' or 'clusters'")
+    if run.get("kind") == "comparison":
+        return (f"{run['path']} is a comparison: its figures are the .png files in it; set RUN_DIR to one of its "
+                "runs for that run's figures")
+    if figure == "clusters" and not _clusters_info(run).get("assignment"):
+        if run.get("summary") is None:
+            return "no clusters recorded yet (no clusters.json): no cluster chart"
+        return f"no clusters: {_algorithm(run)} forms none (K = None), so there is no cluster chart"
+    return None
+
+
+def _algorithm(run) -> str:
+    return str((run.get("summary") or {}).get("algorithm") or _config_algorithm(run))
+
+
 def _fmt(x, digits=4) -> str:
     return "n/a" if x is None else f"{float(x):.{digits}f}"
 
@@ -270,8 +367,11 @@ def headline(run) -> str:
     """One-paragraph text summary: final teacher accuracy ± SEM, final client
     accuracy, local-only (round 0) client accuracy, K and the ARI.
 
-    Uses ``summary.json`` when present and falls back to ``metrics.csv``.
+    Uses ``summary.json`` when present and falls back to ``metrics.csv``. For a comparison: its status, its runs
+    and its report (comparison.md).
     """
+    if run.get("kind") == "comparison":
+        return _comparison_headline(run)
     summary = run.get("summary") or {}
     final = summary.get("final") or _final_from_metrics(run)
     teacher = final.get("teacher_acc") or {}
@@ -301,14 +401,31 @@ def headline(run) -> str:
         lines.append(
             f"final teacher top-5 accuracy: {_fmt(last['teacher_top5_mean'])} ± {_fmt(last.get('teacher_top5_sem'))}"
         )
-    lines += [
-        f"clusters: K = {info.get('K', 'n/a')}, ARI = {_fmt(ari, 3)}",
-    ]
+    if info.get("assignment"):
+        lines.append(f"clusters: K = {info.get('K', 'n/a')}, ARI = {_fmt(ari, 3)}")
+    else:
+        lines.append(f"clusters: none ({_algorithm(run)} forms none)" if finished else "clusters: none recorded yet")
+    return "\n".join(lines)
+
+
+def _comparison_headline(run) -> str:
+    path, pairs = run["path"], run["runs"]
+    status = (f"finished (its report: {run['report_file']})" if run["finished"] else
+              "not finished (no comparison.md yet): still running, or stopped; run the same `cosmos-pl compare` "
+              "command again to resume it (finished pairs are kept)")
+    lines = [f"comparison: {path}", f"status: {status}",
+             f"its runs ({len(pairs)}): {', '.join(str(p.relative_to(path)) for p in pairs) or 'none yet'}"]
+    if pairs:
+        lines.append(f"to explore one, set RUN_DIR to it, e.g. {pairs[0]}")
+    if run["report"]:
+        lines += ["", run["report"].rstrip()]
     return "\n".join(lines)
 
 
 def final_clients_table(run) -> str:
     """Plain-text table of the per-client rows of the last round in ``clients.csv``."""
+    if run.get("kind") == "comparison":
+        return f"(a comparison: each of its runs has its own clients.csv, under {run['path'] / 'runs'})"
     rows = run.get("clients") or []
     if not rows:
         return "(no clients.csv in this run directory)"

@@ -30,7 +30,7 @@ from jsonargparse import ArgumentParser, get_loader
 
 from cosmos_pl.errors import ConfigError
 
-__all__ = ["class_args", "parse_args", "group_keys"]
+__all__ = ["class_args", "parse_args", "group_keys", "algorithm_named"]
 
 _NO_VALUE = {"-h", "--help", "--print_config"}  # flags that take no separate value (``--print_config=x`` form aside)
 
@@ -194,6 +194,16 @@ def _resolve_algorithm(name: str, key: str) -> str:
         raise ConfigError(f"{key}={name!r}: unknown algorithm; {hint}valid names are "
                           f"{', '.join(f'{n} ({c.__name__})' for n, c in ALGORITHMS.items())}")
     return f"cosmos_pl.algorithms.{ALGORITHMS[short].__name__}"
+
+
+def algorithm_named(name: str, key: str) -> Any:
+    """The class ``--algorithm`` takes ``name`` for (short name, class name in any case, or class path); None for a
+    dotted path that names no class (jsonargparse then says what is wrong with it).
+
+    Raises:
+        ConfigError: an unknown short or class name, suggesting the closest valid one and listing all.
+    """
+    return _import_class(_resolve_algorithm(name, key))
 
 
 def _complete(hint: Any, class_path: str, explicit: dict[str, Any], key: str) -> dict[str, Any]:

@@ -28,15 +28,14 @@ import sys
 import traceback
 from typing import Any
 
-from jsonargparse import ArgumentParser
-
 from cosmos_pl import signals
 from cosmos_pl.class_groups import class_args
+from cosmos_pl.docstrings import ArgumentParser  # --help prints the docstrings' roles as plain text
 from cosmos_pl.errors import UserError
 from cosmos_pl.export_partition import run_export
 from cosmos_pl.fit import resume_config, resume_line, run_fit
 from cosmos_pl.limits import open_file_limit_line, raise_open_file_limit, too_many_open_files
-from cosmos_pl.parsers import build_compare_parser, build_export_parser, build_fit_parser
+from cosmos_pl.parsers import algorithm_help, build_compare_parser, build_export_parser, build_fit_parser
 from cosmos_pl.signals import Interrupted
 
 ISSUES_URL = "https://github.com/cosmos-pl/cosmos-pl/issues"
@@ -86,9 +85,15 @@ def _version() -> str:
 
 def run(argv: list[str]) -> Any:
     """Parse ``argv`` (e.g. ``["fit", "--config", ...]``) and run it; returns ``fit``'s summary dict or
-    ``compare``'s results."""
+    ``compare``'s results (None once ``--algorithm.help NAME`` has printed its help:
+    :func:`~cosmos_pl.parsers.algorithm_help`)."""
     parser = build_parser()
-    if argv and argv[0] in ("fit", "compare", "export-partition"):  # a class chosen starts from its own defaults
+    if argv and argv[0] in ("fit", "compare", "export-partition"):
+        text = algorithm_help(argv[1:], f"cosmos-pl {argv[0]}")  # by short name too, as --algorithm takes it
+        if text is not None:
+            print(text, end="")
+            return None
+        # a class chosen starts from its own defaults
         argv = [argv[0], *class_args(parser._subcommands_action._name_parser_map[argv[0]], argv[1:])]
     cfg = parser.parse_args(argv)
     sub = parser._subcommands_action._name_parser_map[cfg.subcommand]

@@ -44,7 +44,9 @@ def run_fit(cfg: Namespace, parser: ArgumentParser, transport: Optional[Callable
     simulation, the clients').
 
     The run directory is locked for the whole run (:class:`~cosmos_pl.federated.locks.FolderLock`): a second
-    process on it is refused, naming the first.
+    process on it is refused, naming the first. A run that fails before its training begins (the data, a backbone
+    that cannot take the images, W&B, a signal) removes the files it wrote there (config.yaml, ...), so the same
+    command can be run again in the same folder; from round 0 on they are the run's records and stay.
     """
     from cosmos_pl.federated import checkpoint
     from cosmos_pl.federated.run_directory import RunDirectory
@@ -77,6 +79,10 @@ def run_fit(cfg: Namespace, parser: ArgumentParser, transport: Optional[Callable
             RunDirectory.unique(_default_run_dir(cfg))
     try:
         return _fit_in(run_dir, cfg, init, config_yaml, settings_hash, resume, resume_path, transport, server)
+    except BaseException:
+        if not run_dir.training:  # a failed start (data, backbones, W&B, ...): rerunning in the same folder must work
+            run_dir.remove_failed_start()
+        raise
     finally:
         run_dir.release()
 
@@ -86,15 +92,14 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
             transport: Optional[Callable[..., Any]], server: Any = None) -> dict[str, Any]:
     """:func:`run_fit` inside its locked run directory: tracker, data, runner, records, the final line."""
     from lightning.fabric.utilities.seed import seed_everything
-    from rich.console import Console
 
     from cosmos_pl.federated import checkpoint
     from cosmos_pl.federated.recorder import Recorder
     from cosmos_pl.federated.runner import Runner, ServerData
-    from cosmos_pl.report import plot_run, print_table
+    from cosmos_pl.report import log_console, plot_run, print_table
     from cosmos_pl.tracking import Tracker
 
-    console = Console()
+    console = log_console()  # without a terminal: whole lines, not wrapped at 80 columns
     algorithm: Algorithm = init.algorithm
     run_path = run_dir.path
     device = _device(init)
@@ -135,6 +140,7 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
             "public_set_size": len(server.public_x), "test_set_sizes": [c.test_size for c in infos],
             "validation_set_sizes": [c.validation_size for c in infos], **(facts.partition if facts else {})})
         runner.last_checkpoint = resume_path
+        run_dir.training = True  # every check passed: from here the folder's files are the run's records
         try:
             cache = Path(cfg.round0_cache) if cfg.round0_cache else None
             if cfg.get("round0_only"):
@@ -197,7 +203,8 @@ def final_line(summary: dict[str, Any], scored: str) -> str:
         parts.append(f"teacher at each client's label prior {shifted:.4f}")
     parts.append(f"local-only (round 0) {label}{local[f'client_{suffix}']['mean']:.4f}")
     if summary["clusters"]["K"] is not None:
-        parts.append(f"K = {summary['clusters']['K']}, ARI = {summary['clusters']['adjusted_rand_index']}")
+        ari = summary["clusters"]["adjusted_rand_index"]  # None without true groups (a deployment)
+        parts.append(f"K = {summary['clusters']['K']}, ARI = {'n/a' if ari is None else f'{ari:.4f}'}")
     return "; ".join(parts)
 
 

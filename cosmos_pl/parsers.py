@@ -8,9 +8,11 @@ command and the Flower apps read configs with them.
 
 from __future__ import annotations
 
+import inspect
+import sys
 from typing import Literal, Optional, Union
 
-from jsonargparse import ActionConfigFile, ArgumentParser, lazy_instance
+from jsonargparse import ActionConfigFile, lazy_instance
 
 from cosmos_pl.algorithms import ALGORITHMS, COSMOS, Algorithm
 from cosmos_pl.config import (
@@ -24,10 +26,11 @@ from cosmos_pl.config import (
     Transformations,
     WandbConfig,
 )
+from cosmos_pl.docstrings import ArgumentParser  # --help prints the docstrings' roles as plain text
 from cosmos_pl.federated.checkpoint import CheckpointConfig
 from cosmos_pl.federated.failures import FailureConfig
 
-__all__ = ["build_fit_parser", "build_compare_parser", "build_export_parser"]
+__all__ = ["build_fit_parser", "build_compare_parser", "build_export_parser", "algorithm_help"]
 
 _OTHER_ALGORITHMS = [cls.__name__ for cls in ALGORITHMS.values() if cls is not COSMOS]
 
@@ -120,3 +123,54 @@ def build_export_parser() -> ArgumentParser:
                      "--data.dataset.root OUT` simulates the same federation from the folders.")
     p.add_argument("--out", type=str, required=True, help="Folder to write the sites into (must be empty or new).")
     return p
+
+
+def _paragraphs(doc: Optional[str]) -> list[str]:
+    """A docstring's paragraphs, each on one line."""
+    return [" ".join(par.split()) for par in inspect.cleandoc(doc or "").split("\n\n") if par.strip()]
+
+
+def _module_summary(cls: type) -> str:
+    """The first paragraph of an algorithm's module docstring, without a leading ``"FedMD: "``."""
+    return " ".join(_paragraphs(sys.modules[cls.__module__].__doc__)[:1]).removeprefix(f"{cls.__name__}: ")
+
+
+def algorithm_help(argv: list[str], prog: str) -> Optional[str]:
+    """What ``--algorithm.help NAME`` at the end of ``argv`` (one subcommand's arguments) prints, or None when
+    ``argv`` does not end so (jsonargparse then answers as usual); without NAME, the list of algorithms.
+
+    NAME is what ``--algorithm`` takes: a short name (``fedmd``), a class name in any case (``FedMD``) or a class
+    path. The text is the algorithm's description (its module's summary and the model it scores) and its own
+    settings under its class's summary; one without settings of its own (LocalOnly, FedAvg) says so. (jsonargparse's
+    own ``--algorithm.help`` takes class paths only, and prints nothing for a class without settings.)
+
+    Raises:
+        ConfigError: an unknown algorithm name, with the closest valid one and the list.
+    """
+    from cosmos_pl.class_groups import algorithm_named
+
+    if argv and argv[-1] == "--algorithm.help":  # no NAME: which there are
+        width = max(len(name) for name in ALGORITHMS)
+        return "\n".join([f"usage: {prog} --algorithm.help NAME", "", "The algorithms (NAME, its class, what it does):",
+                          *(f"  {name:<{width}}  {cls.__name__}: {_module_summary(cls)}"
+                            for name, cls in ALGORITHMS.items())]) + "\n"
+    if len(argv) >= 2 and argv[-2] == "--algorithm.help" and not argv[-1].startswith("-"):
+        name = argv[-1]
+    elif argv and argv[-1].startswith("--algorithm.help="):
+        name = argv[-1].split("=", 1)[1]
+    else:
+        return None
+    cls = algorithm_named(name, "--algorithm.help")
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):  # jsonargparse names what is wrong with it
+        return None
+    scored = [par for par in _paragraphs(sys.modules[cls.__module__].__doc__) if par.startswith("Scored model:")]
+    summary = " ".join([_module_summary(cls), *scored])
+    parser = ArgumentParser(prog=prog, description=f"{cls.__name__} (--algorithm {cls.name}): {summary}",
+                            add_help=False)
+    parser.add_class_arguments(cls, "algorithm")
+    for actions in (parser._actions, *(group._group_actions for group in parser._action_groups)):
+        actions[:] = [a for a in actions if a.dest != "algorithm"]  # the group's config-file flag: not this --algorithm
+    if not any(action.dest.startswith("algorithm.") for action in parser._actions):
+        parser.description += (f" {' '.join(_paragraphs(cls.__doc__)[:1])} {cls.__name__} has no settings of its "
+                               "own: its clients train with the clients group's (clients.local_epochs, ...).")
+    return parser.format_help()

@@ -1,4 +1,5 @@
-"""Summary statistics over clients and the per-round table printed at the end of a run."""
+"""Summary statistics over clients, the per-round table printed at the end of a run, and the console a run prints
+on (:func:`log_console`)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,27 @@ from typing import Any, Sequence
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["mean_sem", "round_table", "run_curves", "plot_run", "round_figure", "save_round_figure", "METRIC_LABEL"]
+__all__ = ["mean_sem", "round_table", "run_curves", "plot_run", "round_figure", "save_round_figure", "METRIC_LABEL",
+           "log_console"]
 
 
 METRIC_LABEL = {"top1": "top-1", "top5": "top-5"}
+
+#: Columns a console without a terminal lays a table out in: more than any table needs, so none is squeezed.
+NO_TERMINAL_WIDTH = 10_000
+
+
+def log_console(file: Any = None) -> Console:
+    """The console a run prints its lines on (``file``: a text stream; None: standard output).
+
+    On a terminal it is rich's own (the terminal's width). Without one (a file, a pipe, a CI or scheduler log)
+    rich would lay every line out in 80 columns, splitting paths and padding the broken lines with spaces: there,
+    a line is printed whole (``soft_wrap``) and a table gets the width it needs (:data:`NO_TERMINAL_WIDTH`).
+    """
+    console = Console(file=file)
+    if console.is_terminal:
+        return console
+    return Console(file=file, soft_wrap=True, width=NO_TERMINAL_WIDTH)
 
 
 def mean_sem(values: Sequence[float | None]) -> dict[str, float]:
@@ -71,7 +89,7 @@ def round_table(rows: list[dict[str, Any]], title: str = "personalized accuracy 
 
 def print_table(rows: list[dict[str, Any]], console: Console | None = None,
                 title: str = "personalized accuracy per round") -> None:
-    (console or Console()).print(round_table(rows, title))
+    (console or log_console()).print(round_table(rows, title))
 
 
 # (label, metrics.csv column prefix, line style): test solid, validation dashed

@@ -61,6 +61,12 @@ BAD_SETTINGS = [
     (["--algorithm.init_args.ptc_epochs", "0"], "algorithm.init_args.ptc_epochs=0: must be >= 1"),
     (["--algorithm.init_args.teacher_backbone", "vgg17"], "algorithm.init_args.teacher_backbone='vgg17': unknown backbone"),
     (["--clients.backbones", "[resnet19]"], "clients.backbones[0]='resnet19': unknown backbone. Did you mean one of: 'resnet18'"),
+    (["--clients.backbones", "[test_efficientnet, resnet18.a1_in1k]"],  # no weights are loaded: refused, not ignored
+     "clients.backbones[1]='resnet18.a1_in1k': '.a1_in1k' is a timm pretrained tag, but cosmos-pl loads no "
+     "pretrained weights (every backbone trains from scratch with Kaiming initialisation, as in the COSMOS paper); "
+     "give the architecture alone: 'resnet18'"),
+    (["--algorithm.init_args.teacher_backbone", "vgg16.tv_in1k"],
+     "algorithm.init_args.teacher_backbone='vgg16.tv_in1k': '.tv_in1k' is a timm pretrained tag"),
     (["--clients.optimizer.init_args.lr", "-1"], "clients.optimizer.init_args.lr=-1.0: must be finite and > 0"),
     (["--clients.distill_optimizer.init_args.lr", "0"], "clients.distill_optimizer.init_args.lr=0.0: must be finite"),
     (["--clients.optimizer.init_args.betas", "[1.5, 0.9]"], "clients.optimizer: the optimizer rejects its init_args"),

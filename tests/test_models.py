@@ -174,6 +174,25 @@ def test_unknown_name_suggests_close_match():
     assert "timm.list_models(" in msg
 
 
+def test_a_pretrained_tag_is_refused_not_ignored():
+    # every backbone trains from scratch: resnet18.a1_in1k would silently give a random resnet18
+    from cosmos_pl.errors import ConfigError
+    from cosmos_pl.models import check_backbone_name
+
+    with pytest.raises(ConfigError) as excinfo:
+        create_backbone("resnet18.a1_in1k", NUM_CLASSES)
+    assert str(excinfo.value) == (
+        "backbone='resnet18.a1_in1k': '.a1_in1k' is a timm pretrained tag, but cosmos-pl loads no pretrained weights "
+        "(every backbone trains from scratch with Kaiming initialisation, as in the COSMOS paper); give the "
+        "architecture alone: 'resnet18'")
+    with pytest.raises(ConfigError, match=r"^clients.backbones\[2\]='resnet18.a1_in1k': '.a1_in1k' is a timm "):
+        check_backbone_name("resnet18.a1_in1k", "clients.backbones[2]")
+    with pytest.raises(ConfigError, match="unknown backbone"):  # an unknown architecture is named as such first
+        check_backbone_name("resnet18x.a1_in1k", "clients.backbones[0]")
+    check_backbone_name("resnet18", "clients.backbones[0]")
+    check_backbone_name("squeezenet1_1", "clients.backbones[0]")
+
+
 def test_unknown_torchvision_like_name_suggests_squeezenet():
     with pytest.raises(ValueError, match="squeezenet1_1"):
         create_backbone("squeezenet1_2", NUM_CLASSES)

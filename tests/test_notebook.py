@@ -15,7 +15,9 @@ matplotlib.use("Agg")
 
 from cosmos_pl.analysis import (  # noqa: E402
     contingency,
+    figure_skipped,
     final_clients_table,
+    find_run,
     headline,
     load_run,
     plot_accuracy,
@@ -222,7 +224,8 @@ def test_notebook_is_saved_without_outputs():
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None
-    assert any('os.environ.get("COSMOS_RUN_DIR", "runs/latest")' in c.source for c in nb.cells)
+    assert any('RUN_DIR = os.environ.get("COSMOS_RUN_DIR")' in c.source for c in nb.cells)
+    assert any("load_run(find_run(RUN_DIR))" in c.source for c in nb.cells)  # None: the newest run under runs/
 
 
 def test_notebook_executes_on_synthetic_run(run_dir):
@@ -243,3 +246,100 @@ def test_a_stopped_run_is_not_shown_as_finished(run_dir):
     assert text[1] == (f"status: NOT FINISHED (no summary.json): stopped after round 2; resume it with "
                        f"`cosmos-pl fit --resume {run_dir}`, the figures below are its last complete round")
     assert "last complete round: 2" in text and not any(line.startswith("final round") for line in text)
+
+
+def write_local_only_run(root: Path) -> Path:
+    """The hand-made run as LocalOnly records it: no clusters.json, summary.json's clusters all null."""
+    write_run(root)
+    (root / "clusters.json").unlink()
+    summary = json.loads((root / "summary.json").read_text())
+    summary.update(algorithm="local", scored_model="client model f_i",
+                   clusters={"K": None, "b0": None, "assignment": None, "adjusted_rand_index": None})
+    (root / "summary.json").write_text(json.dumps(summary))
+    return root
+
+
+def test_a_run_without_clusters_gets_a_sentence_not_an_empty_chart(tmp_path):
+    run = load_run(write_local_only_run(tmp_path / "run"))
+    sentence = "no clusters: local forms none (K = None), so there is no cluster chart"
+    assert figure_skipped(run, "clusters") == sentence and figure_skipped(run, "accuracy") is None
+    with pytest.raises(ValueError) as err:
+        plot_clusters(run)
+    assert str(err.value) == sentence
+    text = headline(run).splitlines()
+    assert text[-1] == "clusters: none (local forms none)" and "K = None" not in headline(run)
+    (tmp_path / "run" / "summary.json").unlink()  # a clustering run stopped before its first clustering
+    assert figure_skipped(load_run(tmp_path / "run"), "clusters") == (
+        "no clusters recorded yet (no clusters.json): no cluster chart")
+    # with clusters (COSMOS): the chart applies
+    assert figure_skipped(load_run(write_run(tmp_path / "cosmos")), "clusters") is None
+
+
+def test_notebook_on_a_run_without_clusters(tmp_path):
+    nb, text = _execute_notebook(write_local_only_run(tmp_path / "run"))
+    assert "no clusters: local forms none (K = None), so there is no cluster chart" in text
+    images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(images) == 1  # the accuracy plot only
+
+
+def _write_comparison(out: Path, finished: bool) -> Path:
+    for pair in ("cosmos-seed0", "local-seed0"):  # compare writes pair.yaml before the pair's run starts
+        (out / "runs" / pair).mkdir(parents=True)
+        (out / "runs" / pair / "pair.yaml").write_text("seed: 0\n")
+    (out / "round0").mkdir()
+    if finished:
+        (out / "comparison.md").write_text("| algorithm | personalized accuracy |\n| cosmos | 0.8750 |\n")
+    return out
+
+
+def test_a_comparison_folder_is_recognized_as_one(tmp_path):
+    out = _write_comparison(tmp_path / "cmp", finished=True)
+    run = load_run(out)
+    assert run["kind"] == "comparison" and run["runs"] == [out / "runs" / "cosmos-seed0", out / "runs" / "local-seed0"]
+    assert headline(run).splitlines() == [
+        f"comparison: {out}",
+        "status: finished (its report: comparison.md)",
+        "its runs (2): runs/cosmos-seed0, runs/local-seed0",
+        f"to explore one, set RUN_DIR to it, e.g. {out / 'runs' / 'cosmos-seed0'}",
+        "",
+        "| algorithm | personalized accuracy |",
+        "| cosmos | 0.8750 |",
+    ]
+    assert "NOT FINISHED" not in headline(run) and "--resume" not in headline(run)
+    for figure in ("accuracy", "clusters"):
+        assert figure_skipped(run, figure) == (f"{out} is a comparison: its figures are the .png files in it; set "
+                                               "RUN_DIR to one of its runs for that run's figures")
+    with pytest.raises(ValueError, match="is a comparison"):
+        plot_accuracy(run)
+    assert final_clients_table(run).startswith("(a comparison: each of its runs has its own clients.csv")
+    # before its report: a comparison still, to resume with compare (not fit --resume)
+    running = load_run(_write_comparison(tmp_path / "running", finished=False))
+    assert running["kind"] == "comparison" and not running["finished"]
+    assert headline(running).splitlines()[1] == (
+        "status: not finished (no comparison.md yet): still running, or stopped; run the same `cosmos-pl compare` "
+        "command again to resume it (finished pairs are kept)")
+
+
+def test_find_run_defaults_to_the_newest_run_or_comparison_under_runs(tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    older = write_run(runs / "fmnist_quickstart-20250101-120000")
+    newer = _write_comparison(runs / "fmnist_compare", finished=True)
+    (runs / "failed-start").mkdir()  # nothing of a run in it: never chosen
+    (runs / "notes.txt").write_text("x")
+    for path, mtime in ((older, 1_000_000), (newer, 2_000_000), (runs / "failed-start", 3_000_000)):
+        os.utime(path, (mtime, mtime))
+    monkeypatch.chdir(tmp_path)
+    assert find_run() == Path("runs/fmnist_compare")
+    os.utime(older, (4_000_000, 4_000_000))  # a file written in it since
+    assert find_run(None) == find_run("") == Path("runs/fmnist_quickstart-20250101-120000")
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")  # the notebook opened from notebooks/: the repository's runs/
+    assert find_run() == Path("../runs/fmnist_quickstart-20250101-120000")
+    assert find_run("runs/fmnist_compare") == Path("../runs/fmnist_compare")
+    assert find_run("/elsewhere/run") == Path("/elsewhere/run")  # given: as it is (load_run names a missing one)
+    monkeypatch.chdir(tmp_path / "runs" / "failed-start")
+    with pytest.raises(FileNotFoundError) as err:
+        find_run()
+    assert str(err.value) == (f"no run or comparison under {(tmp_path / 'runs' / 'failed-start' / 'runs').resolve()}: "
+                              "make one (`make demo` writes runs/fmnist_quickstart-<time>/), or set COSMOS_RUN_DIR "
+                              "(or RUN_DIR) to a run directory")

@@ -63,3 +63,30 @@ def test_plot_run_writes_a_png_atomically(tmp_path):
     plot_run(rows, path, "title")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["accuracy_vs_round.png"]  # no temporary file left
+
+
+def test_without_a_terminal_lines_are_printed_whole(capsys):
+    import io
+
+    from cosmos_pl.report import log_console, print_table
+
+    path = "/scratch/a-user/experiments/cosmos-pl/runs/fmnist_quickstart-20250101-120000-2"  # 80 characters
+    line = f"cosmos-pl cosmos on FashionMNIST: 10 clients, |U| = 800, M = 10; run directory {path}"
+    stream = io.StringIO()  # a file or a pipe: rich would lay it out in 80 columns, splitting the path
+    console = log_console(stream)
+    console.print(f"[bold]cosmos-pl[/bold] {line.removeprefix('cosmos-pl ')}")
+    console.print("clusters: K = 5, adjusted Rand index vs true groups = 0.6667")
+    assert stream.getvalue() == f"{line}\nclusters: K = 5, adjusted Rand index vs true groups = 0.6667\n"
+    log_console().print(line)  # standard output, captured by pytest: not a terminal either
+    assert capsys.readouterr().out == f"{line}\n"
+    # the round table gets the width it needs: no cell broken over two lines, no line padded with spaces
+    rows = [{"round": r, "phase": "IFFT", "teacher_acc_mean": 0.8125, "teacher_acc_sem": 0.0125,
+             "client_acc_mean": 0.75, "client_acc_sem": 0.025, "client_top5_mean": 0.96875, "client_top5_sem": 0.0,
+             "teacher_top5_mean": 1.0, "teacher_top5_sem": 0.0, "num_clusters": 5,
+             "upload_bytes_per_client": 1_234_567_890, "download_bytes_per_client": 1_234_567_890} for r in (1, 2)]
+    stream = io.StringIO()
+    print_table(rows, log_console(stream))
+    table = stream.getvalue().splitlines()
+    assert len(table) == 1 + 3 + 2 + 1  # title, top rule + header + rule, one line per round, bottom rule
+    assert len(table[2]) > 80 and "1,234,567,890 / 1,234,567,890" in table[4]
+    assert all(line == line.rstrip() for line in table)

@@ -94,6 +94,52 @@ def _quick_fit(repo_root, run_dir, *flags):
             "--wandb.mode", "disabled", "--executor.threads_per_worker", "1", *flags]
 
 
+def test_a_failed_start_leaves_nothing_that_blocks_its_run_dir(repo_root, tmp_path, capsys, monkeypatch):
+    from cosmos_pl.cli import run as run_cli
+    from cosmos_pl.federated.runner import Runner
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine\n")  # not a run's file: kept
+    # densenet121 cannot take 8x8 digits: refused by the backbone check, after the data was loaded and config.yaml
+    # written (a run that starts writes it before its checks against the data)
+    assert main(_quick_fit(repo_root, run, "--clients.backbones", "[test_efficientnet, densenet121]")) == 2
+    assert "clients.backbones[1]='densenet121' cannot take this data's images" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
+
+    class Started(Exception):
+        pass
+
+    def started(self, *args, **kwargs):
+        raise Started  # every check passed and training begins: enough to know the same folder is taken again
+
+    monkeypatch.setattr(Runner, "run", started)
+    with pytest.raises(Started):
+        run_cli(_quick_fit(repo_root, run, "--clients.backbones", "[test_efficientnet]"))
+    # from round 0 on the files are the run's records: kept whatever stops it
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "notes.txt", "partition.json"]
+    # printed without a terminal (pytest captures it): the run's line whole, however long its path
+    out = capsys.readouterr().out.splitlines()
+    [line] = [line for line in out if "run directory" in line]
+    assert line.startswith("cosmos-pl local on digits: 5 clients, ") and line.endswith(f"; run directory {run}")
+    assert all(line == line.rstrip() for line in out)
+
+
+def test_a_failed_start_removes_only_what_it_wrote(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("seed: 0\n")  # a resumed run's own files: there before it was opened
+    (run / "checkpoints").mkdir()
+    directory = RunDirectory.resume(run)
+    directory.write_text("metrics.csv", "round\n")
+    (run / "wandb" / "offline-run-1").mkdir(parents=True)
+    (run / "pair.yaml").write_text("kept\n")
+    assert directory.remove_failed_start() == ["metrics.csv", "wandb"]
+    directory.release()
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml", "pair.yaml"]
+    assert (run / "config.yaml").read_text() == "seed: 0\n"
+
+
 @pytest.mark.slow
 def test_overwrite_leaves_nothing_of_the_old_run_and_checkpoints_hold_only_the_new_rounds(repo_root, tmp_path, capsys):
     import torch

@@ -68,7 +68,7 @@ def kmeans_clusters(uploads: dict[int, torch.Tensor], k: int, seed: int, n_init:
 
 
 class COMET(Algorithm):
-    """K-means (given K) on uploaded soft labels; clients learn from their cluster's mean (module docstring).
+    """K-means (given K) on uploaded soft labels; clients learn from their cluster's mean.
 
     Args:
         num_clusters: K, the number of clusters (COMET needs it in advance; COSMOS finds it).

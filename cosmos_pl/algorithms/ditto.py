@@ -33,7 +33,7 @@ __all__ = ["Ditto"]
 
 
 class Ditto(Algorithm):
-    """Personal models with a proximal pull to a FedAvg global model (module docstring).
+    """Personal models with a proximal pull to a FedAvg global model.
 
     Args:
         lambda_: lambda >= 0, the weight of ``||v_i - w||^2 / 2`` (0: the personal models train alone; the paper

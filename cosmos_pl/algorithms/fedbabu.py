@@ -37,7 +37,7 @@ __all__ = ["FedBABU"]
 
 
 class FedBABU(Algorithm):
-    """Body-only averaging with a frozen head, fine-tuning before scoring (module docstring).
+    """Body-only averaging with a frozen head, fine-tuning before scoring.
 
     Args:
         finetune_epochs: epochs of fine-tuning the whole model on D_i each round, >= 0 (0: the global model is

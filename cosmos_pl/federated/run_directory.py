@@ -56,17 +56,42 @@ class RunDirectory:
 
     ``RunDirectory(path)`` uses ``path`` as it is (creating it); a run started from the CLI gets its folder from
     :meth:`prepare`, :meth:`unique` or :meth:`resume`, which lock it and make sure no other run's files are in it.
-    :meth:`release` drops the lock (the end of the process does too).
+    :meth:`release` drops the lock (the end of the process does too). A run that fails before its training begins
+    removes what it wrote with :meth:`remove_failed_start`, so the same folder can be used again.
     """
 
     def __init__(self, path: str | Path, lock: Optional[FolderLock] = None) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.lock = lock
+        # the run files there before this run (a resumed run's own): never removed by remove_failed_start
+        self._there_before = {name for name in RUN_FILES if (self.path / name).exists()}
+        self.training = False  # set by the run once every check passed and training begins
 
     def release(self) -> None:
         if self.lock is not None:
             self.lock.release()
+
+    def remove_failed_start(self) -> list[str]:
+        """Remove the run files (:data:`RUN_FILES`) written since this folder was opened: what a run that failed
+        before its training began leaves (config.yaml, a W&B folder, ...), which would otherwise make the same
+        folder refused as another run's. Files there before (a resumed run's) and files that are not a run's are
+        kept. Best effort: a file that cannot be removed is left (the run's own error is what matters).
+
+        Returns:
+            The names removed, in :data:`RUN_FILES` order.
+        """
+        removed = []
+        for name in RUN_FILES:
+            target = self.path / name
+            if name in self._there_before or not (target.exists() or target.is_symlink()):
+                continue
+            try:
+                shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+            except OSError:
+                continue
+            removed.append(name)
+        return removed
 
     @classmethod
     def prepare(cls, path: str | Path, overwrite: bool = False, key: str = "--run_dir") -> RunDirectory:

@@ -49,6 +49,7 @@ from cosmos_pl.models.personal import shared_weights
 from cosmos_pl.objectives.protocol import LoadWeights, Upload
 from cosmos_pl.objectives.runtime import ClientRuntime
 from cosmos_pl.objectives.step import ClientStep
+from cosmos_pl.report import log_console
 from cosmos_pl.training.client import ClientConfig
 from cosmos_pl.training.config import TrainerConfig, stage_seed
 from cosmos_pl.transforms import Transformations
@@ -104,7 +105,7 @@ class Runner:
             ServerData(federation.public_x, list(federation.classes))
         self.algorithm, self.client_config, self.rounds, self.seed = algorithm, clients, rounds, seed
         self.trainer, self.comm = trainer or TrainerConfig(), communication or CommunicationConfig()
-        self.recorder, self.console = recorder or Recorder(), console or Console()
+        self.recorder, self.console = recorder or Recorder(), console or log_console()
         self.failure_cfg, self.checkpoint_cfg = failures or FailureConfig(), checkpoints or CheckpointConfig()
         self.checkpoint_meta, self.headline_metric = dict(checkpoint_meta or {}), headline_metric
         self.evaluate_every, self.clients_per_round = evaluate_every, clients_per_round

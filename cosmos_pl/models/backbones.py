@@ -7,7 +7,8 @@ SqueezeNet backbones trained from scratch with Kaiming initialisation. This modu
 builds all of them behind a single function, :func:`create_backbone`:
 
 * any `timm <https://github.com/huggingface/pytorch-image-models>`_ architecture,
-  created with ``pretrained=False`` (no weights are ever downloaded);
+  created with ``pretrained=False`` (no weights are ever downloaded or loaded: a
+  name with a pretrained tag, ``resnet18.a1_in1k``, is refused);
 * torchvision's ``alexnet``, ``squeezenet1_0`` and ``squeezenet1_1`` (which timm
   lacks), created with ``weights=None``.
 
@@ -158,9 +159,23 @@ def available_backbones() -> list[str]:
 
 
 def _is_backbone(name: object) -> bool:
-    """Whether :func:`create_backbone` knows ``name`` (as ``timm.is_model``: a pretrained tag after '.' is
-    ignored)."""
+    """Whether ``name`` names an architecture :func:`create_backbone` knows (as ``timm.is_model``: a pretrained
+    tag after '.' is not looked at; :func:`_pretrained_tag` finds it)."""
     return name in TORCHVISION_BACKBONES or (isinstance(name, str) and name.split(".", 1)[0] in _timm_architectures())
+
+
+def _pretrained_tag(name: object) -> str | None:
+    """The pretrained tag of a timm name (``"a1_in1k"`` of ``"resnet18.a1_in1k"``), or None."""
+    if not isinstance(name, str) or name in TORCHVISION_BACKBONES or "." not in name:
+        return None
+    return name.split(".", 1)[1]
+
+
+def _pretrained_tag_error(name: str, key: str) -> ConfigError:
+    arch, tag = name.split(".", 1)
+    return ConfigError(f"{key}={name!r}: '.{tag}' is a timm pretrained tag, but cosmos-pl loads no pretrained "
+                       f"weights (every backbone trains from scratch with Kaiming initialisation, as in the COSMOS "
+                       f"paper); give the architecture alone: {arch!r}")
 
 
 def _unknown_backbone_hint(name: str) -> str:
@@ -188,10 +203,14 @@ def check_backbone_name(name: str, key: str) -> None:
 
     Raises:
         ConfigError: ``"{key}='resnet18x': unknown backbone. Did you mean one of: 'resnet18', ...?"`` (up to 5
-            close names from ``timm.list_models()`` and torchvision's, by ``difflib``) and how to list them.
+            close names from ``timm.list_models()`` and torchvision's, by ``difflib``) and how to list them; or a
+            name with a timm pretrained tag (``resnet18.a1_in1k``): no pretrained weights are loaded, so the tag
+            would be ignored (the message names the architecture to give instead).
     """
     if not _is_backbone(name):
         raise ConfigError(f"{key}={name!r}: unknown backbone.{_unknown_backbone_hint(str(name))}")
+    if _pretrained_tag(name) is not None:
+        raise _pretrained_tag_error(name, key)
 
 
 def check_backbones(backbones: dict[str, str], num_classes: int, input_shape: tuple[int, int, int]) -> None:
@@ -421,9 +440,9 @@ def create_backbone(name: str, num_classes: int, in_chans: int = 3, image_size: 
     ``img_size`` and are not adapted here).
 
     Args:
-        name: A timm architecture name (see ``timm.list_models()``; a pretrained tag
-            such as ``resnet18.a1_in1k`` is accepted but ignored since no weights
-            are loaded) or one of :data:`TORCHVISION_BACKBONES`.
+        name: A timm architecture name (see ``timm.list_models()``; without a pretrained
+            tag such as ``.a1_in1k``, since no weights are loaded) or one of
+            :data:`TORCHVISION_BACKBONES`.
         num_classes: Number of output logits ``M`` (>= 1).
         in_chans: Input channels ``C`` (1 for (Fashion-)MNIST/digits, 3 for RGB).
         image_size: Input side length ``H = W`` the model will see; selects the
@@ -435,7 +454,7 @@ def create_backbone(name: str, num_classes: int, in_chans: int = 3, image_size: 
 
     Raises:
         ConfigError: ``name`` is not a timm or torchvision backbone (the message lists
-            up to 5 close names and how to list valid ones).
+            up to 5 close names and how to list valid ones), or has a pretrained tag.
         ValueError: ``num_classes``, ``in_chans`` or ``image_size`` is not a positive integer.
     """
     import timm  # here, not at import: the CLI checks settings without it
@@ -445,6 +464,8 @@ def create_backbone(name: str, num_classes: int, in_chans: int = 3, image_size: 
             raise ValueError(f"{arg_name} must be a positive int, got {value!r}")
     small = image_size <= SMALL_INPUT_MAX_SIZE
 
+    if _pretrained_tag(name) is not None and timm.is_model(name):
+        raise _pretrained_tag_error(name, "backbone")
     if name in TORCHVISION_BACKBONES:
         model = _create_torchvision(name, num_classes, in_chans, small)
     elif isinstance(name, str) and timm.is_model(name):
