@@ -8,7 +8,7 @@ PY      := $(VENV)/bin/python
 # where Debian's dataset-fashion-mnist puts its files (cosmos_pl.data.FashionMNIST.SYSTEM_DIR)
 FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
 
-.PHONY: demo test deploy-demo peers venv data clean
+.PHONY: demo test deploy-demo peers venv data clean gpu-wheels
 
 venv: $(VENV)/.installed
 
@@ -87,6 +87,11 @@ peers: $(VENV)/.installed data
 # of COSMOS, then everything it started is stopped: cosmos_pl/flower/localhost.py
 deploy-demo: $(VENV)/.installed-test data
 	$(PY) -m cosmos_pl.flower.localhost --out runs/deploy-demo
+
+# For benchmarks/gpu_check.sh --offline on a GPU machine without network (docs/execution.md): the pure-Python wheels
+# it lacks (jsonargparse, docstring-parser, typeshed-client), pinned to .venv's versions, into benchmarks/wheels
+gpu-wheels: $(VENV)/.installed
+	$(PY) benchmarks/gpu_offline.py download benchmarks/wheels
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -36,7 +36,7 @@ from cosmos_pl.transforms import Transformations
 __all__ = [
     "DataConfig", "ClientConfig", "CommunicationConfig", "WandbConfig", "TrainerConfig", "ExecutorConfig",
     "CompareConfig", "SlurmConfig", "Transformations", "validate_config", "validate_against_data", "check_seed",
-    "round0_key",
+    "gpus_in_use", "run_precision", "round0_key",
 ]
 
 SEED_MAX = 2**32 - 1  # numpy and Lightning take unsigned 32-bit seeds
@@ -245,6 +245,91 @@ def _check_optimizer(key: str, factory: Any) -> None:
         check(math.isfinite(float(lr)) and float(lr) > 0, f"{key}.init_args.lr", float(lr), "must be finite and > 0")
 
 
+def gpus_in_use(executor: Any, accelerator: str) -> list[int]:
+    """The visible ids of the GPUs the stages train on: those of ``executor.devices``, the first only with
+    ``executor.kind`` sequential (everything in the main process); none on the CPU. ``executor``: the executor
+    group, built (:class:`ExecutorConfig`) or parsed (its Namespace)."""
+    gpus = [d for d in resolve_devices(executor.devices, accelerator) if d is not None]
+    return gpus[:1] if executor.kind == "sequential" else gpus
+
+
+def run_precision(init: Namespace) -> str:
+    """Set ``init.trainer.precision`` to what the stages run in on the GPUs in use (:func:`gpus_in_use`):
+    ``trainer.precision_fallback`` instead of bf16-mixed where one has no native bfloat16
+    (:func:`~cosmos_pl.training.cuda_check.choose_precision`), else unchanged; returns the line that says so, or
+    "". For a process that trains without ``fit``'s device line (a Flower node).
+
+    Raises:
+        ConfigError: bf16-mixed on a GPU without native bfloat16 and no ``trainer.precision_fallback``.
+    """
+    from cosmos_pl.federated.devices import physical_gpu
+    from cosmos_pl.training.cuda_check import choose_precision, gpu_facts
+
+    trainer = init.trainer
+    gpus = gpus_in_use(init.executor, trainer.accelerator)
+    if trainer.precision != "bf16-mixed" or not gpus:
+        return ""
+    facts, _ = gpu_facts([(g, physical_gpu(g)) for g in gpus])
+    trainer.precision, note = choose_precision(trainer.precision, trainer.precision_fallback, facts)
+    return note
+
+
+# torch modules whose CUDA backward has no deterministic algorithm: under torch.use_deterministic_algorithms(True)
+# it raises (torch.use_deterministic_algorithms' list). AdaptiveAvgPool2d to 1x1 is computed as a mean, which has
+# one, so only other output sizes count.
+_NONDETERMINISTIC_BACKWARD = (torch.nn.AdaptiveAvgPool2d, torch.nn.AdaptiveAvgPool3d, torch.nn.AdaptiveMaxPool2d,
+                              torch.nn.AvgPool3d, torch.nn.FractionalMaxPool2d, torch.nn.FractionalMaxPool3d,
+                              torch.nn.ReflectionPad1d, torch.nn.ReflectionPad2d, torch.nn.ReflectionPad3d)
+
+
+def _no_deterministic_backward(model: torch.nn.Module) -> Optional[torch.nn.Module]:
+    """The first module of ``model`` whose CUDA backward torch cannot run deterministically; None for none."""
+    for module in model.modules():
+        if isinstance(module, _NONDETERMINISTIC_BACKWARD):
+            size = getattr(module, "output_size", None)
+            if isinstance(module, torch.nn.AdaptiveAvgPool2d) and size in (1, (1, 1), [1, 1]):
+                continue
+            return module
+    return None
+
+
+def _check_deterministic_backbones(backbones: dict[str, list[str]]) -> None:
+    """With ``trainer.deterministic: true`` on a GPU, refuse a backbone (``backbones``: the names each key
+    trains) that has a layer torch cannot differentiate deterministically on CUDA: its first training step would
+    raise, and the client would be counted as failing."""
+    from cosmos_pl.models import create_backbone
+
+    for key, names in backbones.items():
+        for name in dict.fromkeys(names):
+            layer = _no_deterministic_backward(create_backbone(name, num_classes=10, in_chans=3, image_size=32))
+            if layer is not None:
+                raise ConfigError(
+                    f"{key}: {name} has {layer}, which torch cannot train deterministically on a GPU (with "
+                    f"trainer.deterministic=True its backward raises); use trainer.deterministic warn (deterministic "
+                    f"wherever torch can be, with a warning at that layer), another backbone, or trainer.accelerator "
+                    f"cpu")
+
+
+def _check_gpus(init: Namespace, gpus: list[int]) -> None:
+    """The GPUs ``gpus`` against the torch build and the trainer settings: kernels for each
+    (:func:`~cosmos_pl.training.cuda_check.check_kernels`), bf16-mixed only on native bfloat16 unless
+    ``trainer.precision_fallback`` (:func:`~cosmos_pl.training.cuda_check.choose_precision`), and backbones
+    that ``trainer.deterministic: true`` can train."""
+    from cosmos_pl.federated.devices import physical_gpu
+    from cosmos_pl.training.cuda_check import check_kernels, choose_precision, gpu_facts
+
+    trainer: TrainerConfig = init.trainer
+    facts, _ = gpu_facts([(g, physical_gpu(g)) for g in gpus])
+    check_kernels(facts, torch.cuda.get_arch_list(), trainer.accelerator)
+    choose_precision(trainer.precision, trainer.precision_fallback, facts)
+    if trainer.deterministic is True:
+        backbones = {"clients.backbones": list(init.clients.backbones)}
+        teacher = getattr(init.algorithm, "teacher_backbone", None)
+        if teacher is not None:
+            backbones["algorithm.init_args.teacher_backbone"] = [teacher]
+        _check_deterministic_backbones(backbones)
+
+
 def validate_config(init: Namespace) -> None:
     """Check an instantiated ``fit`` config (``parser.instantiate(cfg)``) before any data is loaded.
 
@@ -252,7 +337,10 @@ def validate_config(init: Namespace) -> None:
     the machine: ``rounds``, ``seed`` and ``clients_per_round``, an empty U for an algorithm that exchanges pseudo-labels on it, the
     partitioner's groups against ``data.num_clients``, backbone names, a batch of one with BatchNorm, the
     algorithm's own requirements (:meth:`Algorithm.validate`), every optimizer's init_args (built once on a
-    dummy parameter), CUDA for ``trainer.accelerator`` and the GPU ids of ``executor.devices``.
+    dummy parameter), CUDA for ``trainer.accelerator`` and the GPU ids of ``executor.devices``; on the GPUs in
+    use (:func:`gpus_in_use`), kernels in this torch build for each, native bfloat16 for bf16-mixed unless
+    ``trainer.precision_fallback`` is set, and with ``trainer.deterministic: true`` backbones whose every layer
+    torch can train deterministically there.
 
     Raises:
         ConfigError: naming the dotted key, the value and what is allowed.
@@ -289,7 +377,9 @@ def validate_config(init: Namespace) -> None:
         from cosmos_pl.training.cuda_check import cuda_unavailable_reason
 
         check(False, "trainer.accelerator", accelerator, f"CUDA is not available: {cuda_unavailable_reason()}")
-    resolve_devices(init.executor.devices, accelerator)
+    gpus = gpus_in_use(init.executor, accelerator)
+    if gpus:
+        _check_gpus(init, gpus)
     cache = init.get("round0_cache")
     check(not cache or not Path(cache).is_file(), "round0_cache", cache, "is an existing file; give a folder")
     check(not init.get("round0_only") or cache, "round0_only", True,
@@ -313,8 +403,10 @@ def validate_against_data(init: Namespace, num_classes: int) -> None:
 def round0_key(cfg: Namespace, threads: int) -> str:
     """The settings that decide round 0 (data and partition, clients' models and pre-training, augmentation,
     numerics), as text; with what they resolved to on this machine: the device ``trainer.accelerator`` names
-    (``auto`` is the GPU on one machine and the CPU on another) and ``threads``, the torch CPU threads per task
-    (sums are added in another order with another thread count), so a round 0 trained elsewhere is not reused."""
+    (``auto`` is the GPU on one machine and the CPU on another); on the CPU ``threads``, the torch CPU threads per
+    task (sums are added in another order with another thread count); on a GPU the models of the GPUs in use
+    (:func:`gpus_in_use`) and the torch and cuDNN versions (whose kernels may add in another order), so a round 0
+    trained elsewhere is not reused."""
     import json
 
     from cosmos_pl.models import BACKBONE_REVISION
@@ -324,6 +416,13 @@ def round0_key(cfg: Namespace, threads: int) -> str:
     parts["backbone_revision"] = BACKBONE_REVISION  # models saved under another definition are not reused
     device = resolve_device(cfg.trainer.accelerator).type
     parts["resolved"] = {"device": device, "threads": threads if device == "cpu" else None}
+    if device == "cuda":
+        from cosmos_pl.federated.devices import physical_gpu
+        from cosmos_pl.training.cuda_check import cudnn_version, gpu_facts
+
+        gpus = gpus_in_use(cfg.executor, cfg.trainer.accelerator)
+        _, models = gpu_facts([(g, physical_gpu(g)) for g in gpus])
+        parts["resolved"].update(gpus=models, torch=torch.__version__, cudnn=cudnn_version())
     clients = cfg.clients.clone()
     del clients["local_epochs"], clients["distill_epochs"], clients["distill_optimizer"]
     parts["clients"] = clients

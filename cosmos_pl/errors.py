@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["UserError", "ConfigError", "DataError", "DivergenceError", "DeviceMemoryError", "TrackingError", "check"]
+__all__ = ["UserError", "ConfigError", "DataError", "DivergenceError", "DeviceMemoryError", "DeviceError",
+           "TrackingError", "check"]
 
 
 class UserError(Exception):
@@ -31,6 +32,12 @@ class DivergenceError(UserError, FloatingPointError):
 class DeviceMemoryError(UserError, MemoryError):
     """The GPU ran out of memory in a stage: the run stops (it is never a client's failure, which would drop
     clients for a setting); names the round, stage and client, the batch size, and the settings to lower."""
+
+
+class DeviceError(UserError, RuntimeError):
+    """A CUDA error left the GPU context of the process running the tasks unusable (a device-side assert, an illegal
+    memory access, a launch failure): with the tasks in the main process the run stops, since every later task would
+    fail the same way (a worker that hits one is replaced instead); names the error and what to try."""
 
 
 class TrackingError(UserError, RuntimeError):

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 from jsonargparse import ArgumentParser, Namespace
 
 from cosmos_pl.algorithms import Algorithm
-from cosmos_pl.config import DataConfig, round0_key, validate_against_data, validate_config
+from cosmos_pl.config import DataConfig, gpus_in_use, round0_key, validate_against_data, validate_config
 from cosmos_pl.errors import ConfigError, UserError
 from cosmos_pl.signals import Interrupted
 from cosmos_pl.training.cuda_check import describe_device, device_line
@@ -105,6 +105,8 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
     device = _device(init)
     # the first line: what the stages run on (one line, however long: soft_wrap)
     console.print(device_line(device), markup=False, highlight=False, soft_wrap=True)
+    if device.get("precision_note"):  # bf16-mixed on a GPU without native bfloat16: trainer.precision_fallback
+        console.print(device["precision_note"], markup=False, highlight=False, soft_wrap=True)
     tracker = Tracker(init.wandb.mode, run_path, _plain(cfg), init.wandb.project, init.wandb.entity, init.wandb.name,
                       init.wandb.tags, run_id=None if resume is None else resume.get("wandb_run_id"),
                       group=init.wandb.group, job_type=init.wandb.job_type)
@@ -166,17 +168,23 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
 
 
 def _device(init: Namespace) -> dict[str, Any]:
-    """What this run's stages train on (:func:`~cosmos_pl.training.cuda_check.describe_device`): the GPUs of
-    ``executor.devices`` (the first only with ``executor.kind sequential``, which runs in this process on it), or
-    the CPU with the cores this process may use; the precision; for the run's first line and summary.json."""
-    from cosmos_pl.federated.devices import available_cpus, physical_gpu, resolve_devices
+    """What this run's stages train on (:func:`~cosmos_pl.training.cuda_check.describe_device`): the GPUs in use
+    (:func:`~cosmos_pl.config.gpus_in_use`), or the CPU with the cores this process may use; the precision and
+    the determinism flags; for the run's first line and summary.json. Where a GPU in use has no native bfloat16
+    and ``trainer.precision_fallback`` is set, ``init.trainer.precision`` becomes the fallback, which every stage
+    then runs in (``precision_note`` says so)."""
+    from cosmos_pl.federated.devices import available_cpus, physical_gpu
+    from cosmos_pl.training.config import autotuning
 
-    accelerator = init.trainer.accelerator
-    gpus = [d for d in resolve_devices(init.executor.devices, accelerator) if d is not None]
-    if init.executor.kind == "sequential":
-        gpus = [0] if gpus else []
-    return describe_device(accelerator, init.trainer.precision, [(g, physical_gpu(g)) for g in gpus],
-                           available_cpus())
+    trainer = init.trainer
+    gpus = gpus_in_use(init.executor, trainer.accelerator)  # none where the stages run on the CPU
+    tuned = autotuning(trainer.benchmark, trainer.deterministic, "cuda" if gpus else "cpu")
+    info = describe_device(trainer.accelerator, trainer.precision, [(g, physical_gpu(g)) for g in gpus],
+                           available_cpus(), precision_fallback=trainer.precision_fallback,
+                           deterministic=trainer.deterministic, benchmark=tuned)
+    if info.get("precision_note"):
+        trainer.precision = info["precision"]
+    return info
 
 
 def final_line(summary: dict[str, Any], scored: str) -> str:

@@ -32,6 +32,36 @@ def restore_flags():
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
 
 
+@pytest.fixture
+def spawned(monkeypatch):
+    """multiprocessing's spawn faked: the executor's workers never run; each one started is recorded as (its args,
+    a copy of ``os.environ`` at its start, what the child would inherit)."""
+    import multiprocessing
+
+    started = []
+
+    class Child:
+        def __init__(self, target, args, daemon):
+            self.args = args
+
+        def start(self):
+            started.append((self.args, dict(os.environ)))
+
+    class End:
+        def close(self):
+            pass
+
+    class Context:
+        Process = Child
+
+        @staticmethod
+        def Pipe(duplex):
+            return End(), End()
+
+    monkeypatch.setattr(multiprocessing, "get_context", lambda method: Context())
+    return started
+
+
 @pytest.fixture(scope="session")
 def repo_root():
     from pathlib import Path

@@ -29,7 +29,7 @@ def teachers_learn_their_target_exactly(monkeypatch):
         return [{"loss": 0.0}]
 
     monkeypatch.setattr(distill, "fit_distillation", fit_distillation)
-    monkeypatch.setattr(inference, "predict_probs", lambda model, x, trainer, where="inference": model.learned)
+    monkeypatch.setattr(inference, "predict_probs", lambda model, x, trainer, where="inference", **kwargs: model.learned)
 
 
 def _ctx(n_clients, n=2, m=2, backbones=None, sizes=None, **kw):

@@ -20,15 +20,16 @@ CPU = TrainerConfig(accelerator="cpu", channels_last=False)
 class _Small(nn.Sequential):
     """``[B, 1, 8, 8] -> [B, 3]``; raises CUDA out-of-memory for a batch larger than ``limit``."""
 
-    def __init__(self, limit: int = 10**9) -> None:
+    def __init__(self, limit: int = 10**9, error: Exception = None) -> None:
         torch.manual_seed(0)
         super().__init__(nn.Flatten(), nn.Linear(64, 3))
         self.limit, self.sizes = limit, []
+        self.error = error or torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     def forward(self, x):
         self.sizes.append(len(x))
         if len(x) > self.limit:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise self.error
         return super().forward(x)
 
 
@@ -70,6 +71,22 @@ def test_inference_out_of_memory_retries_at_half_the_batch_with_the_same_outputs
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
     # 32 fails, 16 fails, 8 fits: then the rest of U goes at 8 (40 = 5 x 8)
     assert model.sizes == [32, 16, 8, 8, 8, 8, 8]
+
+
+@pytest.mark.gpu_path
+def test_inference_retries_at_half_the_batch_when_cublas_cannot_allocate_and_stops_on_another_error():
+    """A cuBLAS workspace that does not fit is out of memory as the allocator's is: the batch halves; an error that
+    is not about memory is raised at once, at the first batch size."""
+    x, _ = _data(40)
+    cfg = TrainerConfig(accelerator="cpu", channels_last=False, inference_batch_size=32)
+    cublas = RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+    model = _Small(limit=10, error=cublas)
+    predict_probs(model, x, cfg)
+    assert model.sizes == [32, 16, 8, 8, 8, 8, 8]
+    other = _Small(limit=10, error=RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        predict_probs(other, x, cfg)
+    assert other.sizes == [32]
 
 
 def test_inference_batch_size_unset_is_128_on_the_cpu_and_1024_on_a_gpu_and_a_set_value_wins():

@@ -61,6 +61,9 @@ def test_summary_agrees_with_metrics_and_clients(smoke_runs):
     assert (device["accelerator"], device["type"], device["precision"]) == ("cpu", "cpu", "32-true")
     assert device["torch"] == torch.__version__ and device["cuda"] == torch.version.cuda
     assert device["workers"] == 0 and device["threads_per_task"] == device["cpu_cores"] >= 1
+    # the determinism flags, and on the CPU no GPU, driver or cuDNN (docs/execution.md, The device a run uses)
+    assert (device["deterministic"], device["benchmark"]) == (False, False)
+    assert [device[k] for k in ("gpu_ids", "gpus", "capabilities", "driver", "cudnn")] == [None] * 5
     with open(run_dir / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert saved["final"]["round"] == len(rows) - 1
@@ -218,10 +221,13 @@ def test_round0_cache_key_names_what_decides_round0(repo_root):
     assert json.loads(key)["resolved"] == {"device": "cpu", "threads": 1}
     assert round0_key(parser.parse_args(base), 2) != key
     assert round0_key(parser.parse_args(base + ["--trainer.deterministic", "true"]), 1) != key
-    # accelerator auto: the CPU here, a GPU where CUDA exists (threads then do not decide the numbers)
+    # accelerator auto: the CPU here, a GPU where CUDA exists (threads then do not decide the numbers; the GPU
+    # models and torch and cuDNN versions do: tests/test_gpu_settings.py)
     auto = json.loads(round0_key(parser.parse_args(base + ["--trainer.accelerator", "auto"]), 1))["resolved"]
-    assert auto == ({"device": "cuda", "threads": None} if torch.cuda.is_available() else {"device": "cpu",
-                                                                                           "threads": 1})
+    if torch.cuda.is_available():
+        assert (auto["device"], auto["threads"], auto["torch"]) == ("cuda", None, torch.__version__)
+    else:
+        assert auto == {"device": "cpu", "threads": 1}
 
 
 @pytest.mark.slow

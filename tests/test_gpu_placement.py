@@ -1,6 +1,6 @@
 """Where work runs when GPUs are visible, checked on the CPU with a mocked GPU count: ``executor.kind: auto``
-(parallel over every visible GPU), workers pinned to their GPU before they start, and ``compare --jobs`` pairs
-spread over the GPUs."""
+(parallel over every visible GPU), workers pinned to their GPU before they start, the GPU ``executor.devices: [1]``
+names used with one slot, and ``compare --jobs`` pairs spread over the GPUs."""
 
 import os
 import re
@@ -42,7 +42,7 @@ def test_physical_gpu_follows_this_process_visible_devices(gpus):
     ("auto", 8, 1, "auto", True, list(range(8))),
     ("auto", 2, 1, "cpu", False, [None]),         # trainer.accelerator cpu never uses the GPUs
     ("sequential", 2, 1, "auto", False, [0, 1]),  # asked for: one after another (on cuda:0)
-    ("parallel", 0, 1, "auto", False, [None]),    # one CPU slot: nothing to spread
+    ("parallel", 0, 1, "auto", True, [None]),     # asked for: one worker, on the CPU too
 ])
 def test_auto_executor_uses_every_visible_gpu(gpus, kind, n_gpu, per_device, accelerator, parallel, slots):
     gpus(n_gpu)
@@ -69,6 +69,56 @@ def test_each_worker_is_pinned_to_its_gpu_from_its_start_and_checks_it(gpus):
                         r"sees 0 GPUs, not 1: something in the environment resets CUDA_VISIBLE_DEVICES; give "
                         r"executor.devices GPU ids that exist", str(err.value)), str(err.value)
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "98,99"  # this process's own setting is left as it was
+
+
+def _trainer_devices():
+    """The accelerator and devices a stage's Trainer is given here (``pl.Trainer`` faked to return its arguments)."""
+    from cosmos_pl.training.config import TrainerConfig
+    from cosmos_pl.training.engine import make_trainer
+
+    given = make_trainer(TrainerConfig(accelerator="auto"), epochs=1)
+    return given["accelerator"], given["devices"]
+
+
+@pytest.mark.gpu_path
+@pytest.mark.parametrize("kind", ["auto", "sequential"])
+def test_one_slot_on_gpu_1_trains_on_gpu_1_in_this_process(gpus, monkeypatch, restore_flags, kind):
+    # executor.devices [1] with one worker per GPU (kind auto), or kind sequential: the tasks run in this process,
+    # with GPU 1 as CUDA's current device, and every stage's Trainer is given that GPU (not cuda:0)
+    import lightning.pytorch as pl
+
+    gpus(2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    current = [0]  # CUDA's current device, faked: this machine has no GPU
+
+    class Device:  # torch.cuda.device(k): GPU k current while the block runs
+        def __init__(self, k):
+            self.k = k
+
+        def __enter__(self):
+            self.before, current[0] = current[0], self.k
+
+        def __exit__(self, *exc):
+            current[0] = self.before
+
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(pl, "Trainer", lambda **kwargs: kwargs)
+    ex = Executor(ExecutorConfig(kind=kind, devices=[1], workers_per_device=1, threads_per_worker=1), "auto")
+    got = [out for _, _, out in ex.map([(_trainer_devices, {}), (_trainer_devices, {})])]
+    assert (ex.parallel, ex.slots) == (False, [1])
+    assert got == [("gpu", [1]), ("gpu", [1])]
+    assert current[0] == 0  # as it was, once the stage is over
+
+
+@pytest.mark.gpu_path
+def test_parallel_with_one_slot_on_gpu_1_starts_one_worker_pinned_to_it(gpus, spawned):
+    gpus(2, "4,6")  # this process sees GPUs 4 and 6 as 0 and 1: a worker for our GPU 1 is given 6
+    ex = Executor(ExecutorConfig(kind="parallel", devices=[1], threads_per_worker=1), "auto")
+    assert (ex.parallel, ex.slots) == (True, [1])  # a pool of one worker, as kind parallel says
+    ex._start()
+    assert [(args[1], env.get("CUDA_VISIBLE_DEVICES")) for args, env in spawned] == [(1, "6")]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,6"  # this process's own setting is left as it was
 
 
 def test_compare_jobs_take_the_gpus_in_turn(gpus):

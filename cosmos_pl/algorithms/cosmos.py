@@ -53,7 +53,7 @@ def teacher_stage(model: nn.Module, cluster_labels: torch.Tensor, aggregation: s
     from cosmos_pl.training.inference import predict_probs
 
     losses = fit_distillation(model, x, target, **fit)
-    return predict_probs(model, x, fit["trainer"], fit.get("where", "inference")), losses
+    return predict_probs(model, x, fit["trainer"], fit.get("where", "inference"), keep_on_device=True), losses
 
 
 class COSMOS(Algorithm):

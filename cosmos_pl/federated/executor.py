@@ -2,7 +2,8 @@
 
 A task is one model's stage (a client's local training, its pseudo-labels on U, a cluster teacher, a
 client's distillation, an evaluation). Tasks of a stage are independent, and each is seeded from
-(seed, round, stage, id), so results do not depend on the executor or the number of workers. Workers are
+(seed, round, stage, id), so on the CPU results do not depend on the executor or the number of workers (on a GPU,
+with ``trainer.deterministic: true``; docs/execution.md says what is reproducible where). Workers are
 processes started with ``spawn``; a task and its result cross a worker's pipe by value, and what stays the same all
 run (the clients' data, U) is shared once through ``/dev/shm`` where it fits (:mod:`cosmos_pl.federated.transfer`),
 so a worker holds a handful of file descriptors however many models cross. On CUDA each worker is pinned to one GPU
@@ -10,7 +11,10 @@ so a worker holds a handful of file descriptors however many models cross. On CU
 workers and how many threads each is :mod:`cosmos_pl.federated.devices`'s to say.
 
 A client's task may fail (an exception, a non-finite loss, a timeout, a worker process killed by the OS): with
-``tolerate`` the executor reports it as a :class:`TaskFailure` and carries on with the others.
+``tolerate`` the executor reports it as a :class:`TaskFailure` and carries on with the others. A CUDA error that
+leaves a process's CUDA context unusable (a device-side assert, an illegal memory access) fails its task and ends
+the worker, which is replaced; in the main process it stops the run (:class:`~cosmos_pl.errors.DeviceError`). A task
+that runs a GPU shared by several workers out of memory is tried once more on a fresh worker before the run stops.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any, Callable, Iterator, Literal, Optional, Sequence, Union
 import torch
 
 from cosmos_pl import signals
-from cosmos_pl.errors import ConfigError, DataError, DeviceMemoryError, check
+from cosmos_pl.errors import ConfigError, DataError, DeviceError, DeviceMemoryError, check
 from cosmos_pl.federated.devices import (SEQUENTIAL, SHARED, memory_available, physical_gpu, resolve_devices,
                                          shared_memory_free, shared_memory_plan, worker_threads, workers_per_gpu)
 from cosmos_pl.federated.pipe import Template, receive, send
@@ -38,6 +42,7 @@ from cosmos_pl.limits import ResourceLimitError, open_file_limit_line, too_many_
 from cosmos_pl.federated.transfer import (STAGE_PREFIX, Residents, built, pack, repeated_models, trained_reply,
                                           unpack)
 from cosmos_pl.objectives.step import Task
+from cosmos_pl.training.checks import BROKEN_CONTEXT, OUT_OF_MEMORY, cuda_error_kind
 
 __all__ = ["ExecutorConfig", "Executor", "TaskFailure", "TaskTimeout"]
 
@@ -49,7 +54,8 @@ class ExecutorConfig:
     Args:
         kind: 'auto' (parallel when there are GPUs and more than one worker slot: every visible GPU, times
             ``workers_per_device``; else sequential, as on a CPU), 'sequential' (one after another in this
-            process) or 'parallel' (a pool of spawned workers, also on the CPU).
+            process, on the first GPU of ``devices``) or 'parallel' (a pool of spawned workers, also on the CPU,
+            and one worker where there is one slot).
         devices: 'auto' (every visible GPU, else one CPU slot), a count N (GPUs 0..N-1, or N CPU slots without CUDA), or a list of GPU ids.
         workers_per_device: workers sharing each device (several small clients can share one large GPU); 'auto'
             sizes it before round 0 from the GPUs' free memory and the largest model (:meth:`Executor.size_workers`,
@@ -99,10 +105,46 @@ def _describe(err: BaseException) -> str:
     return " ".join(f"{type(err).__name__}: {err}".split())[:500]
 
 
+def _out_of_memory(err: BaseException) -> bool:
+    """A stage's own out-of-memory error, or a CUDA error that is one (:func:`cuda_error_kind`)."""
+    return isinstance(err, DeviceMemoryError) or cuda_error_kind(err) == OUT_OF_MEMORY
+
+
+def _on_gpu(gpu: Optional[int]) -> contextlib.AbstractContextManager:
+    """Run the enclosed tasks in this process on GPU ``gpu`` (CUDA's current device, which is what ``cuda`` means
+    to torch and to every stage's Trainer, :func:`~cosmos_pl.training.engine.make_trainer`); nothing for the CPU
+    (``gpu`` None) or where CUDA cannot start (the stages then run on the CPU, as ``trainer.accelerator: auto``
+    says)."""
+    return torch.cuda.device(gpu) if gpu is not None and torch.cuda.is_available() else contextlib.nullcontext()
+
+
+#: The variable giving the Inductor compile threads (``trainer.compile``) of a process started with it.
+COMPILE_THREADS = "TORCHINDUCTOR_COMPILE_THREADS"
+
+
+@contextlib.contextmanager
+def _compile_threads() -> Iterator[None]:
+    """A worker started inside this block compiles with one thread (:data:`COMPILE_THREADS` 1, unless set
+    already): by default each worker's Inductor would start a pool of about one compile process per core, N pools for
+    N workers. Torch reads the variable when its Inductor config is first imported, so it is given to the worker's
+    environment before it starts; this process's environment is left as it was."""
+    before = os.environ.get(COMPILE_THREADS)
+    os.environ[COMPILE_THREADS] = before or "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[COMPILE_THREADS]
+        else:
+            os.environ[COMPILE_THREADS] = before
+
+
 def _worker_main(conn: Connection, gpu: Optional[int], threads: int) -> None:
-    """A worker process: run ``(index, fn, kwargs, returns_model, stage)`` messages until ``None`` arrives. Resident
-    tensors (:meth:`Executor.keep_resident`) and architectures are kept for the worker's life, a stage's shared
-    models until the next stage."""
+    """A worker process: run ``(index, fn, kwargs, returns_model, stage)`` messages until ``None`` arrives, replying
+    ``(index, True, model, output)`` or ``(index, False, exits, exception)``. Resident tensors
+    (:meth:`Executor.keep_resident`) and architectures are kept for the worker's life, a stage's shared models until
+    the next stage. A task that leaves the worker's CUDA context unusable is the worker's last: it replies with
+    ``exits`` True, then exits, and the executor starts a fresh one (every later task here would fail the same way)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle (it stops the workers)
     torch.set_num_threads(threads)
     problem = None if gpu is None else _pinning_problem(gpu)
@@ -131,11 +173,15 @@ def _worker_main(conn: Connection, gpu: Optional[int], threads: int) -> None:
             # a trained model changed in this process: send it back; a read-only one need not travel again
             reply = (index, True, trained_reply(kwargs.get("model"), sent, held) if returns_model else None, out)
         except BaseException as err:  # sent back whole when it pickles, so the main process re-raises the same type
-            reply = (index, False, None, err)
+            reply = (index, False, cuda_error_kind(err) == BROKEN_CONTEXT, err)
+        exits = not reply[1] and reply[2]
         try:
             send(conn, reply)
         except Exception as err:  # an exception that does not pickle
-            send(conn, (index, False, None, RuntimeError(_describe(reply[3]) if not reply[1] else _describe(err))))
+            send(conn, (index, False, exits, RuntimeError(_describe(reply[3]) if not reply[1] else _describe(err))))
+        if exits:
+            sys.stderr.flush()
+            os._exit(1)  # no clean-up that might touch the broken CUDA context
 
 
 def _pinning_problem(gpu: int) -> Optional[str]:
@@ -189,8 +235,10 @@ class Executor:
     nothing half-trained behind.
 
     Parallel mode runs its own worker processes (``spawn``), one task each at a time, so it knows which task a
-    worker held: a worker that dies (segfault, OOM kill) or runs past the timeout fails that task only and is
-    replaced; the other tasks go on.
+    worker held: a worker that dies (segfault, OOM kill), runs past the timeout or hits a CUDA error that leaves its
+    CUDA context unusable fails that task only and is replaced; the other tasks go on. Where several workers share a
+    GPU (``workers_per_device`` > 1), a task that runs out of GPU memory (perhaps at a neighbour's peak) is tried once
+    more on a fresh worker before it stops the run. Tasks that run in this process use the first slot's GPU.
     """
 
     def __init__(self, cfg: ExecutorConfig, accelerator: str = "auto") -> None:
@@ -202,6 +250,7 @@ class Executor:
         self._set_workers_per_device(1 if w == "auto" else w)
         self._workers: list[_Worker] = []
         self.replaced_workers = 0
+        self.retried_tasks = 0  # tasks tried again after running a shared GPU out of memory
         self._resident = Residents()
         self.resident_sends = 0  # resident tensors and model architectures sent to workers whole, once per worker
         self.shared_memory = SHARED  # how workers get the resident tensors (plan_shared_memory)
@@ -242,7 +291,9 @@ class Executor:
         self.workers_per_device = per_device
         self.slots = self.devices * per_device
         on_gpus = any(slot is not None for slot in self.slots)
-        self.parallel = len(self.slots) > 1 and (self.cfg.kind == "parallel" or (self.cfg.kind == "auto" and on_gpus))
+        # parallel asked for: workers, one where there is one slot; auto: workers where there are GPUs to spread over,
+        # else this process (on a GPU other than cuda:0 too, made the current device while its tasks run: _on_gpu)
+        self.parallel = self.cfg.kind == "parallel" or (self.cfg.kind == "auto" and on_gpus and len(self.slots) > 1)
         self.threads = worker_threads(self.cfg.threads_per_worker, len(self.slots) if self.parallel else 1)
 
     def size_workers(self, parameters: int, data_bytes: int, tasks: int) -> Optional[str]:
@@ -269,7 +320,8 @@ class Executor:
         if gpu is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = physical_gpu(gpu)
         try:
-            process.start()
+            with _compile_threads():
+                process.start()
         finally:
             if gpu is not None:
                 if before is None:
@@ -302,29 +354,40 @@ class Executor:
             tasks: ``(fn, kwargs)`` pairs.
             costs: estimated cost per task; the largest start first (parallel mode).
             returns_model: yield the trained ``kwargs["model"]`` (a copy) as ``model``.
-            tolerate: a task that raises (anything but a ConfigError, DataError or GPU out of memory), runs past
-                ``timeout_s`` or loses its worker yields ``(index, None, TaskFailure(reason))`` instead of stopping
-                the stage.
+            tolerate: a task that raises (anything but a ConfigError, DataError or GPU out of memory, or, in this
+                process, a CUDA error that leaves its context unusable), runs past ``timeout_s`` or loses its worker
+                yields ``(index, None, TaskFailure(reason))`` instead of stopping the stage.
             timeout_s: seconds one task may run (None: no limit).
 
         Raises:
             Exception: the task's own exception when not ``tolerate`` (a ConfigError or DataError even then).
             RuntimeError: a lost worker or a timeout when not ``tolerate``.
+            DeviceMemoryError: a task ran the GPU out of memory (where workers share a GPU: twice).
+            DeviceError: a task in this process left its CUDA context unusable.
         """
         if not self.parallel:
             yield from self._sequential(tasks, returns_model, tolerate, timeout_s)
         else:
             yield from self._parallel(tasks, costs, returns_model, tolerate, timeout_s)
 
-    def _failed(self, index: int, err: BaseException, tolerate: bool) -> tuple[int, Any, Any]:
-        if isinstance(err, torch.cuda.OutOfMemoryError):  # outside a stage's own check (moving data or a model)
+    def _failed(self, index: int, err: BaseException, tolerate: bool, in_process: bool = False) -> tuple[int, Any, Any]:
+        if isinstance(err, _FATAL):
+            raise err
+        kind = cuda_error_kind(err)
+        if kind == OUT_OF_MEMORY:  # outside a stage's own check (moving data or a model, a cuBLAS or cuDNN call)
             raise DeviceMemoryError(
-                f"a task ran the GPU out of memory while moving its data or model there ({_describe(err)[:200]}); "
-                "run fewer workers per GPU (executor.workers_per_device), or lower the clients' data on the GPU "
-                "with smaller models or trainer.precision=bf16-mixed") from None
+                f"a task ran the GPU out of memory ({_describe(err)[:200]}); run fewer workers per GPU "
+                "(executor.workers_per_device), or lower the clients' data on the GPU with smaller models or "
+                "trainer.precision=bf16-mixed") from None
         if too_many_open_files(err):  # the session's limit, not the client's failure: every client would hit it
             raise ResourceLimitError(open_file_limit_line()) from None
-        if not tolerate or isinstance(err, _FATAL):
+        if kind == BROKEN_CONTEXT and in_process:  # every later task in this process would fail the same way
+            raise DeviceError(
+                f"executor: a task hit a CUDA error that leaves this process's CUDA context unusable "
+                f"({_describe(err)[:200]}), so the run stops; a device-side assert is most often a label or an index "
+                "out of range (CUDA_LAUNCH_BLOCKING=1 names the operation); with executor.kind parallel a worker that "
+                "hits one is replaced and only its task fails") from None
+        if not tolerate:
             raise err
         return index, None, TaskFailure(_describe(err))
 
@@ -332,19 +395,20 @@ class Executor:
         previous = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
-            for i, (fn, kwargs) in enumerate(tasks):
-                signals.check()  # a safe point: a stop request whose exception was lost stops here
-                if returns_model and kwargs.get("model") is not None:
-                    kwargs = {**kwargs, "model": copy.deepcopy(kwargs["model"])}
-                try:
-                    with _alarm(timeout_s):
-                        out = fn(**kwargs)
-                except Exception as err:  # KeyboardInterrupt and signals pass through
-                    signals.check(err)  # an error during a stop is the stop's, not a failure of the client
-                    yield self._failed(i, err, tolerate)
-                    continue
-                signals.check()  # a task that ran on past a stop request is not used
-                yield i, kwargs.get("model"), out
+            with _on_gpu(self.slots[0]):  # the first slot's GPU: executor.devices [1] runs on GPU 1
+                for i, (fn, kwargs) in enumerate(tasks):
+                    signals.check()  # a safe point: a stop request whose exception was lost stops here
+                    if returns_model and kwargs.get("model") is not None:
+                        kwargs = {**kwargs, "model": copy.deepcopy(kwargs["model"])}
+                    try:
+                        with _alarm(timeout_s):
+                            out = fn(**kwargs)
+                    except Exception as err:  # KeyboardInterrupt and signals pass through
+                        signals.check(err)  # an error during a stop is the stop's, not a failure of the client
+                        yield self._failed(i, err, tolerate, in_process=True)
+                        continue
+                    signals.check()  # a task that ran on past a stop request is not used
+                    yield i, kwargs.get("model"), out
         finally:
             torch.set_num_threads(previous)
 
@@ -360,6 +424,7 @@ class Executor:
             worker.held = {n for n in worker.held if not n.startswith(STAGE_PREFIX)}
         repeated = repeated_models(tasks, returns_model)
         restarts = 0
+        retried: set[int] = set()  # tasks tried again after running a shared GPU out of memory
         # largest estimated cost first, so a big task does not start last and leave workers idle
         pending = sorted(range(len(tasks)), key=lambda i: -(costs[i] if costs else 0.0))
         busy: dict[int, _Worker] = {}
@@ -405,8 +470,22 @@ class Executor:
                 elif reply is not None:
                     busy.pop(i)
                     worker.task = None
-                    index, ok, model, out = reply
-                    yield (index, built(model, self._templates), out) if ok else self._failed(index, out, tolerate)
+                    index, ok, model_or_exits, out = reply
+                    if ok:
+                        yield index, built(model_or_exits, self._templates), out
+                        continue
+                    if model_or_exits:  # the worker exits after this reply: its CUDA context is unusable
+                        self._replace(worker)
+                    if self.workers_per_device > 1 and index not in retried and _out_of_memory(out):
+                        # perhaps a neighbour's peak on the shared GPU: once more, on a fresh worker (one that holds
+                        # no GPU memory of its own yet); a second time stops the run
+                        retried.add(index)
+                        self.retried_tasks += 1
+                        if not model_or_exits:
+                            self._replace(worker)
+                        pending.insert(0, index)
+                        continue
+                    yield self._failed(index, out, tolerate)
                 elif worker.process.sentinel in ready or not worker.process.is_alive():
                     busy.pop(i)
                     worker.process.join(timeout=10)

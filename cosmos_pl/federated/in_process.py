@@ -177,12 +177,28 @@ class InProcessClients(Clients):
                                                                                                      dict[int, Any]]:
         if not evaluate:
             return {}, {}
+        priors = self._teacher_priors(rnd, models)
         tasks, keys = [], []
         for c in self.clients:
-            for split, task in self.runtime.evaluate(c, rnd, {"client": c.model, **models.get(c.id, {})}):
+            scored = {"client": c.model, **models.get(c.id, {})}
+            for split, task in self.runtime.evaluate(c, rnd, scored, priors.get(id(scored.get("teacher")))):
                 tasks.append(task)
                 keys.append((c.id, split))
         return {key: out for key, (_, out) in zip(keys, self.run_tasks(rnd, "evaluation", tasks))}, {}
+
+    def _teacher_priors(self, rnd: int, models: dict[int, dict[str, nn.Module]]) -> dict[int, torch.Tensor]:
+        """The prior each distinct ``"teacher"`` in ``models`` carries (its mean output on U, ``[M]``), by the
+        teacher's id: one pass over U per teacher, not one per client and split."""
+        teachers: dict[int, tuple[nn.Module, list[int]]] = {}
+        for c in self.clients:
+            teacher = models.get(c.id, {}).get("teacher")
+            if teacher is not None:
+                teachers.setdefault(id(teacher), (teacher, []))[1].append(c.id)
+        if not teachers or len(self.runtime.public) == 0:
+            return {}
+        tasks = [self.runtime.prior(teacher, rnd, f"the teacher of client(s) {ids}")
+                 for teacher, ids in teachers.values()]
+        return {key: prior for key, (_, prior) in zip(teachers, self.run_tasks(rnd, "teacher priors", tasks))}
 
     def pretrain(self, epochs: int, cache: Optional[Path] = None, key: str = "") -> dict[int, Any]:
         """Round 0 (see :meth:`Clients.pretrain`). With ``cache`` (a folder), the trained round-0 models are kept

@@ -167,7 +167,7 @@ class Runner:
         136 ms for resnet18, on a 2-core CPU)."""
         name = self.clients.infos[client].backbone
         if name not in self._references:
-            with torch.random.fork_rng():
+            with torch.random.fork_rng(devices=[]):  # CPU only: no CUDA context in this process
                 self._references[name] = shared_weights(self.algorithm.client_model(self.make_backbone(name, 0)))
         return self._references[name]
 

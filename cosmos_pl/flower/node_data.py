@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,6 +262,11 @@ def load_run(config_yaml: str, client_id: int, cache: Optional[Path] = None, sit
         part = site_part(init, client_id, site) if site is not None else partition_part(init, client_id)
     data = ClientData(**{f: part[f] for f in DATA_FIELDS}, class_counts=part["class_counts"].numpy())
     public_x = part.get("public_x") if site is None else site.public()
+    from cosmos_pl.config import run_precision
+
+    note = run_precision(init)  # this node's GPUs: bf16-mixed, or trainer.precision_fallback where they lack bf16
+    if note:
+        print(note, file=sys.stderr, flush=True)
     runtime = ClientRuntime(init.seed, init.clients, init.transformations, init.trainer, public_x,
                           int(part["num_classes"]))
     run = NodeRun(key, init, client_id, data, public_x, int(part["num_clients"]), int(part["num_classes"]),

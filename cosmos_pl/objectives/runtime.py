@@ -17,7 +17,7 @@ from cosmos_pl.communication import CommunicationConfig, Payload, encode, encode
 from cosmos_pl.objectives.step import ClientStep, Task
 from cosmos_pl.training.client import Client, ClientConfig
 from cosmos_pl.training.config import TrainerConfig
-from cosmos_pl.training.inference import evaluate_models, predict_probs
+from cosmos_pl.training.inference import evaluate_models, predict_probs, teacher_prior
 from cosmos_pl.transforms import Transformations
 
 __all__ = ["ClientRuntime", "encode_upload"]
@@ -56,17 +56,27 @@ class ClientRuntime:
     def predict(self, client: Client, rnd: int) -> Task:
         """The task computing ``client``'s soft pseudo-labels on U, float32 ``[n, M]``."""
         return predict_probs, dict(model=client.model, x=self.public, trainer=self.trainer,
-                                   where=f"round {rnd}, pseudo-labels on U, client {client.id}")
+                                   where=f"round {rnd}, pseudo-labels on U, client {client.id}", keep_on_device=True)
 
-    def evaluate(self, client: Client, rnd: int, models: Optional[dict[str, nn.Module]] = None) -> list[tuple[str, Task]]:
+    def prior(self, teacher: nn.Module, rnd: int, where: str) -> Task:
+        """The task computing the prior ``teacher`` carries, its mean output on U, float32 ``[M]``
+        (:func:`~cosmos_pl.training.inference.teacher_prior`): once per teacher and round, for :meth:`evaluate`
+        of each of its clients. ``where`` names the teacher in an error."""
+        return teacher_prior, dict(model=teacher, public=self.public, trainer=self.trainer,
+                                   where=f"round {rnd}, evaluation, {where} on U")
+
+    def evaluate(self, client: Client, rnd: int, models: Optional[dict[str, nn.Module]] = None,
+                 carried: Optional[torch.Tensor] = None) -> list[tuple[str, Task]]:
         """``(split, task)`` per split the client has ("test", and "val" when there is a validation split); each
         task scores ``models`` (default: the client's own f_i as ``"client"``) on that split of the client's data
         and returns ``{name: {"top1": ..., "top5": ...}}`` (fractions; NaN on an empty split); a ``"teacher"`` is
-        scored as ``"teacher_prior"`` too (:func:`~cosmos_pl.training.inference.evaluate_models`)."""
+        scored as ``"teacher_prior"`` too (:func:`~cosmos_pl.training.inference.evaluate_models`), with the prior
+        it carries: ``carried`` (``[M]``, from the task of :meth:`prior`), else computed from U in each task."""
         models = {"client": client.model} if models is None else models
         d = client.data
         # a teacher is also scored shifted to the client's own label prior (from its own labels, on the client)
-        prior = dict(class_counts=torch.bincount(d.y, minlength=self.num_classes), public=self.public) \
+        prior = dict(class_counts=torch.bincount(d.y, minlength=self.num_classes),
+                     **(dict(carried=carried) if carried is not None else dict(public=self.public))) \
             if "teacher" in models else {}
         return [(split, (evaluate_models, dict(models=models, x=x, y=y, num_classes=self.num_classes,
                                                trainer=self.trainer, **prior,

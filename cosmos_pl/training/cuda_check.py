@@ -6,6 +6,10 @@ torch build that matches the driver, or a newer driver); ``trainer.accelerator g
 it (:func:`cosmos_pl.config.validate_config`, :func:`~cosmos_pl.training.config.resolve_device`).
 :func:`describe_device` is what a run trains on (the CPU, or the GPUs by name, with the driver, torch's CUDA and
 the precision), printed as the first line of every ``fit`` (:func:`device_line`) and kept in summary.json.
+:func:`gpu_facts` names the GPUs a run uses with their compute capability; :func:`check_kernels` refuses a GPU
+the torch build has no kernels for, and :func:`choose_precision` bf16-mixed on a GPU without native bfloat16
+(running ``trainer.precision_fallback`` instead where it is set); both before round 0
+(:func:`cosmos_pl.config.validate_config`).
 
 The GPUs are read with ``nvidia-smi`` (:func:`nvidia_smi_gpus`), so that this process opens no CUDA context on
 them (parallel workers own the GPUs); torch is asked only where ``nvidia-smi`` is absent. Nothing here imports
@@ -25,8 +29,11 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-__all__ = ["MIN_DRIVER", "CUDA12_BACKEND", "NvidiaGpu", "NvidiaSmi", "nvidia_smi_gpus", "cuda_unavailable_reason",
-           "install_hint", "describe_device", "device_line"]
+from cosmos_pl.errors import ConfigError
+
+__all__ = ["MIN_DRIVER", "CUDA12_BACKEND", "NATIVE_BF16_CAPABILITY", "NvidiaGpu", "NvidiaSmi", "GpuFacts",
+           "nvidia_smi_gpus", "cuda_unavailable_reason", "install_hint", "gpu_facts", "check_kernels",
+           "choose_precision", "cudnn_version", "describe_device", "device_line"]
 
 # The oldest NVIDIA driver (major version, Linux) that runs a CUDA build of each major version, under CUDA's minor
 # version compatibility: NVIDIA, "CUDA Compatibility", Minor Version Compatibility, Table 1 "CUDA Toolkit 11.x,
@@ -42,7 +49,13 @@ MIN_DRIVER = {13: 580, 12: 525, 11: 450}
 # 9.0): a Blackwell GPU (10.0, 12.0) needs a newer driver instead.
 CUDA12_BACKEND = "cu126"
 CUDA12_LAST_CAPABILITY = 9.0
+# The oldest compute capability that torch's CUDA 12.6 build has kernels for, where the CUDA 13 builds start at 7.5
+# (PYTORCH_RELEASES_CODE_CC in torch/cuda/__init__.py: cu126 x86_64 50 60 70 75 80 86 90; cu130 75 80 86 90 100 120).
+CUDA12_FIRST_CAPABILITY = 5.0
 INDEX = "https://download.pytorch.org/whl"
+# bfloat16 runs natively (tensor cores, cuDNN convolutions) from compute capability 8.0 (Ampere) on; below, torch
+# emulates it (torch.cuda.is_bf16_supported(including_emulation=True) says yes on a T4) or has no kernels for it.
+NATIVE_BF16_CAPABILITY = 8.0
 DEVICE_NODE = "/dev/nvidia0"  # the first NVIDIA GPU's device file, where a driver is loaded
 
 
@@ -255,6 +268,156 @@ def cuda_unavailable_reason(smi: Optional[NvidiaSmi] = None, otherwise: str = "o
             f"{f': {said}' if said else ''}; see `python -c 'import torch; torch.cuda.init()'`, {cpu_fallback}")
 
 
+@dataclass(frozen=True)
+class GpuFacts:
+    """One GPU a run uses: its visible id, its name and its compute capability (e.g. 8.9), None where unknown."""
+
+    id: int
+    name: Optional[str]
+    capability: Optional[float]
+
+
+def gpu_facts(gpus: Sequence[tuple[int, str]], smi: Optional[NvidiaSmi] = None) -> tuple[list[GpuFacts], list[str]]:
+    """The GPUs ``gpus`` (each visible id with its ``CUDA_VISIBLE_DEVICES`` entry) by name and compute capability,
+    and the GPU models they are (sorted, each once).
+
+    Read from ``nvidia-smi`` (``smi``: its answer when already asked), which opens no CUDA context; torch is asked
+    only where it is absent. Where ``nvidia-smi``'s rows cannot be matched to the ids (a MIG slice; GPUs of
+    different models without ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, where CUDA numbers them fastest first), the names
+    are None, the models are every model ``nvidia-smi`` lists, and the capability is theirs where they all share
+    one (else None).
+    """
+    smi = smi if smi is not None else nvidia_smi_gpus()
+    listed = smi.gpus if smi.status == "ok" else []
+    # CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, nvidia-smi by PCI bus: an index names
+    # the same GPU in both where every GPU is the same model, or in that order (as devices.gpu_free_bytes)
+    same_order = len({g.name for g in listed}) <= 1 or os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
+    rows: list[Optional[NvidiaGpu]] = []
+    for _, entry in gpus:
+        match = [g for g in listed if (same_order and g.index == entry) or (entry.startswith("GPU-")
+                                                                         and g.uuid.startswith(entry))]
+        rows.append(match[0] if match else None)
+    if listed and None in rows:  # a MIG slice, or an order that may differ: what nvidia-smi lists
+        capabilities = {g.capability for g in listed}
+        shared = capabilities.pop() if len(capabilities) == 1 else None
+        return [GpuFacts(i, None, shared) for i, _ in gpus], sorted({g.name for g in listed})
+    if listed:
+        facts = [GpuFacts(i, row.name, row.capability) for (i, _), row in zip(gpus, rows) if row is not None]
+    else:
+        facts = []
+        for i, _ in gpus:  # no nvidia-smi: torch names them (this initialises CUDA in this process)
+            try:
+                major, minor = torch.cuda.get_device_capability(i)
+                facts.append(GpuFacts(i, torch.cuda.get_device_name(i), major + minor / 10))
+            except (RuntimeError, AssertionError):
+                facts.append(GpuFacts(i, None, None))
+    return facts, sorted({f.name for f in facts if f.name is not None})
+
+
+def _which(gpus: Sequence[GpuFacts]) -> str:
+    """``GPU 0 (Tesla T4, compute capability 7.5)``; GPUs of one model and capability together (``GPUs 0, 1
+    (...)``), groups joined by "and"."""
+    groups: dict[tuple[Optional[str], Optional[float]], list[int]] = {}
+    for g in gpus:
+        groups.setdefault((g.name, g.capability), []).append(g.id)
+    parts = []
+    for (name, capability), ids in groups.items():
+        what = ", ".join(p for p in (name, f"compute capability {capability:.1f}" if capability else None) if p)
+        parts.append(f"GPU{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}" + (f" ({what})" if what else ""))
+    return " and ".join(parts)
+
+
+def _capability_code(capability: float) -> int:
+    """Compute capability 8.9 as 89, 12.0 as 120: the number in an arch name such as ``sm_89``."""
+    return int(round(capability * 10))
+
+
+def _runs_on(device_code: int, arch: str) -> bool:
+    """Whether code built for ``arch`` (``sm_86``, ``sm_90a``, ``compute_120``: an entry of
+    ``torch.cuda.get_arch_list()``) runs on a GPU of compute capability ``device_code`` (89 for 8.9): torch's own
+    rule (``torch.cuda._code_compatible_with_device``, which knows the exceptions such as Jetson's 8.7) where this
+    torch has it, else the general one: the same major version, a minor version at most the GPU's."""
+    match = re.match(r"(?:sm|compute)_(\d+)", arch)
+    if match is None:
+        return False
+    code = int(match.group(1))
+    rule = getattr(torch.cuda, "_code_compatible_with_device", None)
+    if rule is not None:
+        with warnings.catch_warnings():  # an arch newer than this torch's table: the general rule, without a word
+            warnings.simplefilter("ignore")
+            try:
+                return bool(rule(device_code, code))
+            except Exception:  # a torch whose private helper changed: the general rule below
+                pass
+    return code // 10 == device_code // 10 and code % 10 <= device_code % 10
+
+
+def check_kernels(gpus: Sequence[GpuFacts], arch_list: Sequence[str], accelerator: str) -> None:
+    """Refuse GPUs the installed torch has no kernels for (a V100, compute capability 7.0, with a CUDA 13 build,
+    which is built for 7.5 and newer: its first kernel would fail with "no kernel image"). ``arch_list``:
+    ``torch.cuda.get_arch_list()`` (empty: not known, nothing refused); a GPU of unknown capability passes.
+
+    Raises:
+        ConfigError: naming ``trainer.accelerator``, the GPUs, the architectures torch is built for and the fix.
+    """
+    if not arch_list:
+        return
+    missing = [g for g in gpus if g.capability is not None
+               and not any(_runs_on(_capability_code(g.capability), arch) for arch in arch_list)]
+    if not missing:
+        return
+    lowest = min(g.capability for g in missing if g.capability is not None)
+    cuda_major = int(torch.version.cuda.split(".")[0]) if torch.version.cuda else None
+    if cuda_major is not None and cuda_major >= 13 and CUDA12_FIRST_CAPABILITY <= lowest < 7.5:
+        fix = f"install torch's CUDA 12.6 build, which has kernels for it ({install_hint(CUDA12_BACKEND)})"
+    else:
+        fix = (f"install a torch build with kernels for compute capability {lowest:.1f} "
+               "(https://pytorch.org/get-started/locally/)")
+    raise ConfigError(f"trainer.accelerator={accelerator!r}: torch {torch.__version__} has no kernels for "
+                      f"{_which(missing)} (it is built for {' '.join(arch_list)}); {fix}, or use trainer.accelerator "
+                      "cpu")
+
+
+def choose_precision(precision: str, fallback: Optional[str], gpus: Sequence[GpuFacts]) -> tuple[str, str]:
+    """The precision the stages run in on ``gpus`` (the GPUs in use), and the line that says why it is not
+    ``precision`` ("" where it is).
+
+    bf16-mixed runs as asked where every GPU in use has native bfloat16 (compute capability >= 8.0:
+    :data:`NATIVE_BF16_CAPABILITY`; a GPU of unknown capability counts as having it). Where one has not, the whole
+    run takes ``fallback`` (``trainer.precision_fallback``: "16-mixed", which Lightning trains with a gradient
+    scaler, or "32-true"), so that every client trains in one precision. Any other precision runs as asked.
+
+    Raises:
+        ConfigError: bf16-mixed on a GPU below 8.0 and no ``fallback``, naming the GPUs, their capability and
+            the fix.
+    """
+    if precision != "bf16-mixed":
+        return precision, ""
+    old = [g for g in gpus if g.capability is not None and g.capability < NATIVE_BF16_CAPABILITY]
+    if not old:
+        return precision, ""
+    why = (f"{_which(old)} has no native bfloat16 (compute capability {NATIVE_BF16_CAPABILITY:.1f} or newer: A100, "
+           "RTX 30xx, L4, H100 and later)")
+    if fallback is None:
+        raise ConfigError(f"trainer.precision='bf16-mixed': {why}, so torch would emulate it, slowly, or find no "
+                          "kernel; use trainer.precision 16-mixed (or 32-true), or let such a GPU run another with "
+                          "trainer.precision_fallback 16-mixed")
+    return fallback, f"precision: {fallback} instead of bf16-mixed (trainer.precision_fallback): {why}"
+
+
+def cudnn_version() -> Optional[int]:
+    """The version of the cuDNN torch loads (91002 for 9.10.2); None for a torch without cuDNN.
+
+    Read from torch's cuDNN binding, as ``torch.backends.cudnn.version()`` reads it, but without the check that
+    function makes on its first call where CUDA is available: it asks every GPU's capability, which initialises
+    CUDA in this process (the workers own the GPUs)."""
+    binding = getattr(torch._C, "_cudnn", None)
+    try:
+        return int(binding.getVersionInt()) if binding is not None else None
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def _precision(precision: str, device_type: str) -> str:
     """``trainer.precision`` as the stages run it on ``device_type``: "32" is "32-true"; Lightning trains
     16-mixed as bf16-mixed on the CPU (it has no float16 autocast there), and inference runs in float32."""
@@ -266,40 +429,48 @@ def _precision(precision: str, device_type: str) -> str:
 
 
 def describe_device(accelerator: str, precision: str, gpus: Sequence[tuple[int, str]] = (),
-                    cpu_cores: Optional[int] = None) -> dict[str, Any]:
-    """What a run's stages train on, for its first line (:func:`device_line`) and summary.json: ``accelerator``
-    resolved on this machine, the GPUs used (``gpus``: each visible id with its ``CUDA_VISIBLE_DEVICES`` entry,
-    named by ``nvidia-smi``, else by torch), the NVIDIA driver, the torch build and its CUDA, the precision as it
-    runs. ``"auto"`` on a machine whose GPUs torch cannot use says why (``cpu_reason``)."""
+                    cpu_cores: Optional[int] = None, *, precision_fallback: Optional[str] = None,
+                    deterministic: Any = False, benchmark: bool = False) -> dict[str, Any]:
+    """What a run's stages train on, for its first line (:func:`device_line`) and summary.json.
+
+    Always: ``accelerator``, ``type`` ("cuda" or "cpu": what it resolves to on this machine), ``torch``, ``cuda``
+    (the torch build's CUDA, None for a CPU-only build), ``precision`` as the stages run it (on a GPU without
+    native bfloat16, ``precision_fallback`` instead of bf16-mixed, with ``precision_note`` the line saying so:
+    :func:`choose_precision`), ``deterministic`` (``trainer.deterministic``) and ``benchmark`` (whether cuDNN
+    autotuning runs, as given: :func:`cosmos_pl.training.config.autotuning`).
+    On a GPU: ``gpu_ids`` (``gpus``: each visible id with its ``CUDA_VISIBLE_DEVICES`` entry), ``gpus`` (their
+    names) and ``capabilities`` (their compute capabilities) by ``nvidia-smi``, else by torch (None where unknown;
+    with ``gpu_models`` where the names are: :func:`gpu_facts`), ``driver`` (the NVIDIA driver, None without
+    ``nvidia-smi``) and ``cudnn`` (cuDNN's version as torch reports it, e.g. 91002 for 9.10.2).
+    On the CPU: ``cpu_cores``, and those GPU entries null; ``"auto"`` on a machine whose GPUs torch cannot use
+    says why (``cpu_reason``).
+
+    Raises:
+        ConfigError: bf16-mixed on a GPU without native bfloat16 and no ``precision_fallback``.
+    """
     cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-    info: dict[str, Any] = {"accelerator": accelerator, "type": "cuda" if cuda else "cpu", "torch": torch.__version__,
-                            "cuda": torch.version.cuda, "precision": _precision(precision, "cuda" if cuda else "cpu")}
+    device_type = "cuda" if cuda else "cpu"
+    info: dict[str, Any] = {"accelerator": accelerator, "type": device_type, "torch": torch.__version__,
+                            "cuda": torch.version.cuda, "precision": _precision(precision, device_type),
+                            "deterministic": deterministic, "benchmark": benchmark}
     if not cuda:
-        info["cpu_cores"] = cpu_cores if cpu_cores is not None else (os.cpu_count() or 1)
+        info.update(cpu_cores=cpu_cores if cpu_cores is not None else (os.cpu_count() or 1), gpu_ids=None, gpus=None,
+                    capabilities=None, driver=None, cudnn=None)
         if accelerator == "auto" and shutil.which("nvidia-smi") is not None:
             smi = nvidia_smi_gpus()
             if smi.status == "ok" and smi.gpus:  # GPUs torch cannot use: the run would otherwise fall back silently
                 info["cpu_reason"] = cuda_unavailable_reason(smi)
         return info
     smi = nvidia_smi_gpus()
-    listed = smi.gpus if smi.status == "ok" else []
-    # CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, nvidia-smi by PCI bus: an index names
-    # the same GPU in both where every GPU is the same model, or in that order (as devices.gpu_free_bytes)
-    same_order = len({g.name for g in listed}) <= 1 or os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
-    names: list[Optional[str]] = []
-    for _, entry in gpus:
-        match = [g for g in listed if (same_order and g.index == entry) or (entry.startswith("GPU-")
-                                                                         and g.uuid.startswith(entry))]
-        names.append(match[0].name if match else None)
-    if listed and None in names:  # a MIG slice, or an order that may differ: the names nvidia-smi lists
-        names = [None] * len(gpus)
-        info["gpu_models"] = sorted({g.name for g in listed})
-    elif not listed:
-        try:  # no nvidia-smi: torch names them (this initialises CUDA in this process)
-            names = [torch.cuda.get_device_name(i) for i, _ in gpus]
-        except (RuntimeError, AssertionError):
-            names = [None] * len(gpus)
-    info.update(gpu_ids=[i for i, _ in gpus], gpus=names, driver=smi.driver)
+    facts, models = gpu_facts(gpus, smi)
+    names = [f.name for f in facts]
+    if None in names and models:
+        info["gpu_models"] = models
+    runs, note = choose_precision(precision, precision_fallback, facts)
+    if note:
+        info.update(precision=runs, precision_note=note)
+    info.update(gpu_ids=[i for i, _ in gpus], gpus=names, capabilities=[f.capability for f in facts],
+                driver=smi.driver, cudnn=cudnn_version())
     return info
 
 

@@ -2,10 +2,10 @@
 
 An objective (:mod:`cosmos_pl.objectives`) builds its LightningModule and its batches; this module runs them:
 :func:`make_trainer` (devices, precision, determinism, no per-stage logger or checkpoint), :func:`loader` and
-:func:`on_device` (batches gathered as whole index lists, on the GPU when there is one), :func:`fit` (the Trainer,
-the out-of-memory and non-finite-weights checks, a stop request) and :func:`fit_labelled` (shuffled batches of a
-labelled set). Each stage is seeded from (experiment seed, round, stage, model id), so its numbers do not depend on
-what ran before it or where it runs.
+:func:`on_device` (batches gathered by whole index tensors on the data's device, the GPU when there is one),
+:func:`fit` (the Trainer, the out-of-memory and non-finite-weights checks, a stop request) and :func:`fit_labelled`
+(shuffled batches of a labelled set). Each stage is seeded from (experiment seed, round, stage, model id), so its
+numbers do not depend on what ran before it or where it runs.
 """
 
 from __future__ import annotations
@@ -13,22 +13,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-import weakref
-from typing import Any
+from typing import Any, Iterator
 
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.utilities.seed import seed_everything
 from torch import nn
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from cosmos_pl import signals
-from cosmos_pl.training.checks import nonfinite_tensors, out_of_memory
-from cosmos_pl.training.config import RESIDENT_ATTR, TrainerConfig, apply_determinism, resolve_device
+from cosmos_pl.training.checks import OUT_OF_MEMORY, cuda_error_kind, nonfinite_tensors, out_of_memory
+from cosmos_pl.training.config import TrainerConfig, apply_determinism, resolve_device
 from cosmos_pl.training.module import CosmosModule
+from cosmos_pl.training.resident import to_device
 
-__all__ = ["Batches", "StopRequests", "fit", "fit_labelled", "loader", "make_trainer", "on_device", "quiet_lightning",
-           "to_device"]
+__all__ = ["Batches", "EpochOrder", "StopRequests", "fit", "fit_labelled", "loader", "make_trainer", "on_device",
+           "quiet_lightning", "to_device"]
 
 _LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero")
 _QUIET_WARNINGS = (".*does not have many workers.*", ".*LeafSpec.*", ".*smaller than the logging interval.*",
@@ -54,7 +54,8 @@ def quiet_lightning():
 
 
 class Batches(Dataset):
-    """Map-style dataset indexed by a whole list of indices: one tensor gather per batch, no per-sample collate."""
+    """Map-style dataset indexed by a whole batch of indices (an int64 tensor on the data's device, or a list): one
+    tensor gather per batch, no per-sample collate."""
 
     def __init__(self, *tensors: torch.Tensor) -> None:
         self.tensors = tensors
@@ -62,38 +63,54 @@ class Batches(Dataset):
     def __len__(self) -> int:
         return len(self.tensors[0])
 
-    def __getitem__(self, idx: list[int]) -> tuple[torch.Tensor, ...]:
+    def __getitem__(self, idx: torch.Tensor | list[int]) -> tuple[torch.Tensor, ...]:
         index = torch.as_tensor(idx)
         return tuple(t[index] for t in self.tensors)
 
 
+class EpochOrder(Sampler):
+    """The batches of one epoch over ``n`` samples, each an int64 index tensor on ``device``: slices of one order
+    that goes to the device once per epoch. A CPU index would be copied to the GPU at every step, a copy that waits
+    for all the GPU work queued before it.
+
+    Shuffled, the order is the permutation torch's ``RandomSampler`` draws: a seed taken from the global generator
+    when the epoch starts, then ``randperm`` on the CPU with it, so a stage's seed gives the same batches on every
+    device. Drawn on the GPU instead, it would differ from the CPU's.
+
+    Args:
+        n: samples per epoch.
+        batch_size: samples per batch (the last one may be smaller).
+        shuffle: a new random order each epoch, else ``0..n-1``.
+        drop_last: leave out the last batch when it is smaller than ``batch_size``.
+        device: where the data to index is.
+    """
+
+    def __init__(self, n: int, batch_size: int, shuffle: bool, drop_last: bool, device: torch.device) -> None:
+        self.n, self.batch_size, self.shuffle, self.drop_last, self.device = n, batch_size, shuffle, drop_last, device
+
+    def __len__(self) -> int:
+        return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        if self.shuffle:
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())  # as RandomSampler takes it
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(seed))
+        else:
+            order = torch.arange(self.n)
+        order = order.to(self.device, non_blocking=True)
+        b = self.batch_size
+        for i in range(len(self)):
+            yield order[i * b:(i + 1) * b]
+
+
 def loader(tensors: tuple[torch.Tensor, ...], batch_size: int, shuffle: bool) -> DataLoader:
-    """Batches of ``tensors`` (each ``[n, ...]``), shuffled or in order, gathered by :class:`Batches`."""
+    """Batches of ``tensors`` (each ``[n, ...]``, all on one device), shuffled or in order, gathered by
+    :class:`Batches` with index tensors on that device (:class:`EpochOrder`)."""
     n = len(tensors[0])
-    base = RandomSampler(range(n)) if shuffle else SequentialSampler(range(n))
     # drop a last batch of 1: BatchNorm cannot train on a single sample
     drop_last = shuffle and n > batch_size and n % batch_size == 1
-    sampler = BatchSampler(base, batch_size=batch_size, drop_last=drop_last)
+    sampler = EpochOrder(n, batch_size, shuffle, drop_last, tensors[0].device)
     return DataLoader(Batches(*tensors), sampler=sampler, batch_size=None, num_workers=0)
-
-
-# GPU copies of resident tensors (a client's data, U: registered with Executor.keep_resident, which tags them), one
-# per tensor and device in this process, kept for the process's life: later stages and rounds reuse them instead of
-# copying the data to the GPU again. The weak reference checks that the copy is of this very tensor.
-_DEVICE_COPIES: dict[tuple[str, str], tuple[weakref.ref, torch.Tensor]] = {}
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on ``device``; a resident tensor's copy is made once per process and device, then reused."""
-    name = getattr(t, RESIDENT_ATTR, None)
-    if name is None:
-        return t.to(device)
-    kept = _DEVICE_COPIES.get((name, str(device)))
-    if kept is not None and kept[0]() is t:
-        return kept[1]
-    copy = t.to(device)
-    _DEVICE_COPIES[(name, str(device))] = (weakref.ref(t), copy)
-    return copy
 
 
 def on_device(trainer: TrainerConfig, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -110,7 +127,9 @@ def fit(module: CosmosModule, model: nn.Module, trainer: TrainerConfig, epochs: 
     Raises:
         DivergenceError: a step's loss (see :class:`CosmosModule`) or, after training, a weight or floating
             buffer (e.g. BatchNorm statistics) is non-finite.
-        DeviceMemoryError: the GPU ran out of memory (naming the batch size setting and what else lowers memory).
+        DeviceMemoryError: the GPU ran out of memory, in torch's allocator or in a cuBLAS, cuDNN or CUDA call
+            (:func:`~cosmos_pl.training.checks.cuda_error_kind`), naming the batch size setting and what else lowers
+            memory.
     """
     if trainer.compile:
         module.backbone = torch.compile(module.backbone)  # shares the parameters of the model trained in place
@@ -118,7 +137,9 @@ def fit(module: CosmosModule, model: nn.Module, trainer: TrainerConfig, epochs: 
     try:
         with quiet_lightning():
             make_trainer(trainer, epochs).fit(module, train_dataloaders=batches)
-    except torch.cuda.OutOfMemoryError:
+    except Exception as err:
+        if cuda_error_kind(err) != OUT_OF_MEMORY:
+            raise
         batch_key = ("clients.batch_size" if module.optimizer_key.startswith("clients.")
                      else "algorithm.init_args.teacher_batch_size")
         out_of_memory_error = out_of_memory(module.where, getattr(batches.sampler, "batch_size", None), batch_key,
@@ -155,12 +176,13 @@ class StopRequests(pl.Callback):
 def make_trainer(cfg: TrainerConfig, epochs: int) -> pl.Trainer:
     """The Lightning Trainer of one stage: one device, ``cfg``'s precision and determinism, ``epochs`` epochs, no
     logger (one tracking run per experiment, stepped by round, is kept by the round loop), no checkpoint, no
-    progress bar."""
+    progress bar. The device on a GPU is the process's current CUDA device: the GPU a worker is pinned to (its only
+    one), or the one the executor makes current for the tasks it runs in this process (``executor.devices: [1]``)."""
     accelerator = "gpu" if resolve_device(cfg.accelerator).type == "cuda" else "cpu"
     apply_determinism(cfg)
     return pl.Trainer(
         accelerator=accelerator,
-        devices=1,
+        devices=[torch.cuda.current_device()] if accelerator == "gpu" else 1,
         precision=cfg.precision,
         deterministic=cfg.deterministic,
         benchmark=torch.backends.cudnn.benchmark,
