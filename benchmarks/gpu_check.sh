@@ -42,7 +42,8 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY=1; args+=("$1") ;;
     --offline) OFFLINE=1; args+=("$1") ;;
-    --budget) BUDGET="${2:-}"; shift ;;
+    -h|--help) sed -n '2,31p' "${BASH_SOURCE[0]}" | cut -c3-; exit 0 ;;  # the header above: nothing runs
+    --budget) BUDGET="${2:-}"; [ -n "$BUDGET" ] || BUDGET="(no value)"; shift ;;
     --budget=*) BUDGET="${1#*=}" ;;
     *) args+=("$1") ;;
   esac

@@ -17,7 +17,7 @@ from typing import Callable
 
 import jsonargparse
 
-__all__ = ["ROLE", "Role", "replace_roles", "plain_roles", "HelpFormatter", "ArgumentParser"]
+__all__ = ["ROLE", "Role", "replace_roles", "plain_roles", "plain_text", "HelpFormatter", "ArgumentParser"]
 
 # a role of Sphinx's Python domain, ``py:`` optional: :class:`a.b.C`, :func:`~a.b.f`, :meth:`title <a.B.m>`
 ROLE = re.compile(r":(?:py:)?(?P<kind>class|func|meth|mod|attr|data|obj|exc|const|type):`(?P<body>[^`]+)`")
@@ -70,18 +70,29 @@ def plain_roles(text: str) -> str:
     return replace_roles(text, lambda role: role.title)
 
 
+def plain_text(text: str) -> str:
+    """``text`` as a terminal shows it: every role by its title (:func:`plain_roles`) and every inline literal
+    without its double backticks (````clients.local_epochs```` -> ``clients.local_epochs``)."""
+
+    def one(match: re.Match) -> str:
+        literal = match["literal"]
+        return literal[2:-2] if literal else Role.parse(match["kind"], match["body"]).title
+
+    return _LITERAL_OR_ROLE.sub(one, text)
+
+
 class HelpFormatter(jsonargparse.DefaultHelpFormatter):
-    """jsonargparse's help formatter, with the roles of the docstrings' help text written as plain text
-    (:func:`plain_roles`) before the text is wrapped."""
+    """jsonargparse's help formatter, with the docstrings' markup in the help text written as plain text
+    (:func:`plain_text`: roles by their titles, inline literals without backticks) before the text is wrapped."""
 
     def _split_lines(self, text: str, width: int) -> list[str]:  # an option's help
-        return super()._split_lines(plain_roles(text), width)
+        return super()._split_lines(plain_text(text), width)
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:  # a description: the parser's, a group's
-        return super()._fill_text(plain_roles(text), width, indent)
+        return super()._fill_text(plain_text(text), width, indent)
 
     def start_section(self, heading: str | None) -> None:  # a group's title: a class's first docstring line
-        super().start_section(plain_roles(heading) if heading else heading)
+        super().start_section(plain_text(heading) if heading else heading)
 
 
 class ArgumentParser(jsonargparse.ArgumentParser):

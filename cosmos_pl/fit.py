@@ -19,6 +19,7 @@ from jsonargparse import ArgumentParser, Namespace
 from cosmos_pl.algorithms import Algorithm
 from cosmos_pl.config import DataConfig, gpus_in_use, round0_key, validate_against_data, validate_config
 from cosmos_pl.errors import ConfigError, UserError
+from cosmos_pl.federated.devices import available_cpus, too_many_threads
 from cosmos_pl.signals import Interrupted
 from cosmos_pl.training.cuda_check import describe_device, device_line
 
@@ -107,6 +108,9 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
     console.print(device_line(device), markup=False, highlight=False, soft_wrap=True)
     if device.get("precision_note"):  # bf16-mixed on a GPU without native bfloat16: trainer.precision_fallback
         console.print(device["precision_note"], markup=False, highlight=False, soft_wrap=True)
+    threads = too_many_threads(init.executor.threads_per_worker, available_cpus())
+    if threads:
+        console.print(threads, markup=False, highlight=False, soft_wrap=True)
     tracker = Tracker(init.wandb.mode, run_path, _plain(cfg), init.wandb.project, init.wandb.entity, init.wandb.name,
                       init.wandb.tags, run_id=None if resume is None else resume.get("wandb_run_id"),
                       group=init.wandb.group, job_type=init.wandb.job_type)

@@ -46,7 +46,7 @@ def test_an_unknown_name_is_one_line_with_the_closest(capsys):
 def test_algorithms_without_settings_of_their_own_are_described(capsys):
     assert _flat(_help(capsys, "--algorithm.help", "local")) == (
         "usage: cosmos-pl fit LocalOnly (--algorithm local): Local-only training: the floor every federated method "
-        "must beat. Scored model: the client model f_i. Clients train ``clients.local_epochs`` epochs of "
+        "must beat. Scored model: the client model f_i. Clients train clients.local_epochs epochs of "
         "cross-entropy on D_i per round; no uploads, no server. LocalOnly has no settings of its own: its clients "
         "train with the clients group's (clients.local_epochs, ...).")
     assert _flat(_help(capsys, "--algorithm.help", "fedavg")) == (

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from cosmos_pl.cli import main
-from cosmos_pl.docstrings import ROLE, ArgumentParser, Role, plain_roles, replace_roles
+from cosmos_pl.docstrings import ROLE, ArgumentParser, Role, plain_roles, plain_text, replace_roles
 from cosmos_pl.parsers import build_fit_parser
 
 # a role as a terminal or a page would print it unread: ":class:`..." (or ":class:" before a code span)
@@ -24,6 +24,13 @@ PRINTED_ROLE = re.compile(r":(?:py:)?(class|func|meth|mod|attr|data|obj|exc|cons
 ])
 def test_plain_roles_write_what_sphinx_shows(text, plain):
     assert plain_roles(text) == plain
+
+
+def test_plain_text_drops_the_literals_backticks_and_writes_roles_by_title():
+    text = ("epochs per round; null uses ``clients.local_epochs`` (:class:`~cosmos_pl.config.ClientConfig`); "
+            "``:class:`x``` is how a role is written")
+    assert plain_text(text) == ("epochs per round; null uses clients.local_epochs (ClientConfig); "
+                                ":class:`x` is how a role is written")
 
 
 def test_replace_roles_hands_each_role_to_the_writer():
@@ -102,3 +109,4 @@ def test_cli_help_has_no_literal_role(argv, capsys):
     assert "usage:" in out or "Help for" in out or "--algorithm" in out, out[:500]
     printed = [out[max(0, m.start() - 60): m.end() + 40] for m in PRINTED_ROLE.finditer(out)]
     assert not printed, f"cosmos-pl {' '.join(argv)} prints roles as written: {printed}"
+    assert "``" not in out, f"cosmos-pl {' '.join(argv)} prints an inline literal's backticks"

@@ -265,3 +265,22 @@ def test_a_budget_that_is_not_whole_seconds_stops_it_at_once(tmp_path):
                           env={**os.environ, "PY": "/nonexistent/python"}, capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (
         2, "", "gpu_check: error: --budget '8m': give whole seconds, e.g. --budget 450\n")
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_prints_the_steps_and_runs_nothing(tmp_path, flag):
+    """--help is the script's own: it never reaches gpu_check.py, whose help exits 0 and would count as step 2
+    passed on a machine without a GPU."""
+    done = subprocess.run(["bash", str(BENCH / "gpu_check.sh"), "--dry-run", flag], cwd=tmp_path,
+                          env={**os.environ, "PY": "/nonexistent/python"}, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith("For a person with NVIDIA GPUs")
+    assert "--budget S: the whole script in S seconds" in done.stdout
+    assert "gpu_check: every step passed" not in done.stdout and "== cuda tests" not in done.stdout
+
+
+def test_a_budget_without_seconds_stops_it_at_once(tmp_path):
+    done = subprocess.run(["bash", str(BENCH / "gpu_check.sh"), "--budget"], cwd=tmp_path,
+                          env={**os.environ, "PY": "/nonexistent/python"}, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (2, "gpu_check: error: --budget '(no value)': give whole seconds, e.g. "
+                                                 "--budget 450\n")

@@ -202,3 +202,13 @@ def test_free_memory_is_read_per_gpu_and_the_least_where_gpu_models_differ(gpus,
     assert gpu_free_bytes([0, 1]) == [20000 * 2 ** 20, 30000 * 2 ** 20]
     fake.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed'; exit 9\n")
     assert gpu_free_bytes([0, 1]) is None
+
+
+def test_more_threads_than_cores_is_warned_in_one_line_naming_the_setting_and_the_cores():
+    from cosmos_pl.federated.devices import too_many_threads
+
+    assert too_many_threads(None, 2) is None and too_many_threads(2, 2) is None
+    assert too_many_threads(64, 2) == (
+        "warning: executor.threads_per_worker=64 is more than this machine's 2 CPU core(s): each task's threads take "
+        "turns on them, which can make a stage many times slower; give at most 2, or null to split the cores among "
+        "the workers")

@@ -48,6 +48,22 @@ def test_a_folder_holding_a_run_is_refused_unless_overwrite(tmp_path):
     RunDirectory.prepare(run).release()  # a folder without result files is fine (compare's pair folders)
 
 
+def test_a_run_that_stopped_before_its_first_checkpoint_is_named_so_with_the_way_to_start_again(tmp_path):
+    """What a divergence in round 0 leaves (its config and partition, no checkpoint, no summary) is not called
+    another run: the refusal says it cannot be resumed and gives --overwrite true."""
+    run = tmp_path / "run"
+    first = RunDirectory.prepare(run)
+    first.write_text("config.yaml", "seed: 0\n")
+    first.write_text("partition.json", "{}")
+    first.release()
+    with pytest.raises(ConfigError) as err:
+        RunDirectory.prepare(run)
+    assert str(err.value) == (
+        f"--run_dir={str(run)!r}: already holds the files of a run that stopped before its first checkpoint, so it "
+        "cannot be resumed (config.yaml, partition.json); choose a new --run_dir, or pass --overwrite true to "
+        "replace them")
+
+
 def test_a_run_directory_that_is_a_file_is_a_config_error(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(ConfigError, match=r"--run_dir='.*f': is an existing file"):

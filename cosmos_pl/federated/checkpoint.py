@@ -118,7 +118,7 @@ def load_latest(run_dir: Path) -> tuple[dict[str, Any], Path]:
     found = _rounds(folder)
     if not found:
         raise NoCheckpoint(f"--resume {run_dir}: no checkpoint in {folder} (the run stopped before round 0 ended, "
-                           "or it predates checkpoints); start it again without --resume")
+                           "or it predates checkpoints); start it again without --resume, in this folder with --overwrite true")
     for rnd, path in reversed(found):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)

@@ -22,7 +22,7 @@ from cosmos_pl.errors import ConfigError
 __all__ = ["resolve_devices", "physical_gpu", "available_cpus", "worker_threads", "shared_memory_free",
            "memory_available", "shared_memory_plan", "SHARED", "PRIVATE", "SEQUENTIAL", "CUDA_CONTEXT_BYTES",
            "MAX_WORKERS_PER_DEVICE", "worker_gpu_bytes", "auto_workers_per_device", "gpu_free_bytes",
-           "workers_per_gpu"]
+           "workers_per_gpu", "too_many_threads"]
 
 
 def resolve_devices(devices: Union[str, int, list[int]], accelerator: str = "auto") -> list[Optional[int]]:
@@ -198,6 +198,16 @@ def worker_threads(threads_per_worker: Optional[int], workers: int) -> int:
             raise ConfigError(f"executor.threads_per_worker={threads_per_worker}: must be >= 1 or null")
         return threads_per_worker
     return max(1, available_cpus() // workers)
+
+
+def too_many_threads(threads_per_worker: Optional[int], cpus: int) -> Optional[str]:
+    """The line that warns of ``executor.threads_per_worker`` above this machine's ``cpus`` cores (torch's threads in
+    one task then take turns on the cores, and a stage runs many times slower), or None."""
+    if threads_per_worker is None or threads_per_worker <= cpus:
+        return None
+    return (f"warning: executor.threads_per_worker={threads_per_worker} is more than this machine's {cpus} CPU "
+            f"core(s): each task's threads take turns on them, which can make a stage many times slower; give at "
+            f"most {cpus}, or null to split the cores among the workers")
 
 
 def workers_per_gpu(gpus: Sequence[int], parameters: int, data_bytes: int, tasks: int) -> tuple[int, str]:

@@ -111,7 +111,11 @@ class RunDirectory:
         try:
             found = [name for name in RUN_FILES if (path / name).exists()]
             if found and not overwrite:
-                raise ConfigError(f"{key}={str(path)!r}: already holds the files of another run "
+                # a run that ended before its first checkpoint (a divergence in round 0, say) has nothing to resume
+                unfinished = "summary.json" not in found and not any((path / "checkpoints").glob("*.pt"))
+                what = ("a run that stopped before its first checkpoint, so it cannot be resumed" if unfinished
+                        else "another run")
+                raise ConfigError(f"{key}={str(path)!r}: already holds the files of {what} "
                                   f"({', '.join(found)}); choose a new {key}, or pass --overwrite true to replace "
                                   "them")
             for name in found:
