@@ -20,6 +20,12 @@ if _worker.startswith("gw") and hasattr(os, "sched_setaffinity"):
         os.environ["OMP_NUM_THREADS"] = str(len(_mine))
 
 
+# How long a test waits for a process it started (a training run, a Flower federation, a script) before calling it
+# hung. A guard against hangs only, far above any run's time: `make test` runs one worker more than cores, and a
+# Flower test's processes share those cores with the other workers, so a run taking 70 s alone took 700 s there.
+PROCESS_TIMEOUT_S = 1800
+
+
 @pytest.fixture
 def restore_flags():
     """torch's process-wide numerics flags as they were before the test (``trainer.deterministic`` sets them)."""

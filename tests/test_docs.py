@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import PROCESS_TIMEOUT_S
+
 # its module fixture is made once, on one worker (`pytest --dist loadgroup`, as `make test` runs it)
 pytestmark = pytest.mark.xdist_group("docs")
 
@@ -28,7 +30,7 @@ def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, env=env, timeout=600)
+                          capture_output=True, text=True, env=env, timeout=PROCESS_TIMEOUT_S)
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stderr}\n{proc.stdout}"
     return out
 

@@ -35,6 +35,7 @@ import pytest
 pytest.importorskip("flwr", reason="the [flower] extra is not installed (make test installs it)")
 
 from cosmos_pl.cli import main  # noqa: E402
+from conftest import PROCESS_TIMEOUT_S  # noqa: E402
 from cosmos_pl.flower.localhost import (REGISTER, SUBMIT, SUPERLINK, SUPERNODE, Processes, argv,  # noqa: E402
                                         flwr_home, free_port, healthy, register, wait_for)
 
@@ -127,7 +128,7 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
         # round 1: once client 0's pseudo-labels have arrived, kill its SuperNode (and the ClientApp it started), and
         # bring in a registered node, not the one named for client 0, that claims client 0: the server greets it at
         # the start of round 2, while client 0 has no node (its node comes back only once the refusal is recorded)
-        wait_for(lambda: uploaded(1, 0), 600, "client 0's round-1 upload", procs)
+        wait_for(lambda: uploaded(1, 0), PROCESS_TIMEOUT_S, "client 0's round-1 upload", procs)
         procs.kill("supernode_0")
         killed_at = time.monotonic() - start
         supernode("impostor", 3, 0, elsewhere)
@@ -137,7 +138,7 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
             return path.is_file() and any(f["node_id"] == node_ids[3] for f in
                                           json.loads(path.read_text())["join_failures"])
 
-        wait_for(impostor_refused, 600, "the impostor's refusal", procs)
+        wait_for(impostor_refused, PROCESS_TIMEOUT_S, "the impostor's refusal", procs)
         assert "0" not in json.loads((run_dir / "nodes.json").read_text())["clients"]  # client 0's node is down
         supernode("supernode_0", 0, 0, sites / "client_0")  # the same command: its key, its state-dir
 
@@ -150,7 +151,7 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
                 supernode("supernode_0", 0, 0, sites / "client_0")
             return flwr.poll() is not None
 
-        wait_for(ended, 600, "the run to end", procs)
+        wait_for(ended, PROCESS_TIMEOUT_S, "the run to end", procs)
         wait_for(lambda: failing.poll() is not None, 60, "the failing run's command to end", procs)
     finally:
         procs.stop_all()

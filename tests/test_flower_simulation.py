@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from conftest import PROCESS_TIMEOUT_S
+
 pytest.importorskip("flwr", reason="the [flower] extra is not installed (make test installs it)")
 
 pytestmark = pytest.mark.slow  # subprocess runs, or a Flower federation
@@ -35,7 +37,7 @@ def _start(argv, cwd, log):
 
 def _finish(proc, log):
     try:
-        assert proc.wait(timeout=600) == 0, log.read_text()[-5000:]
+        assert proc.wait(timeout=PROCESS_TIMEOUT_S) == 0, log.read_text()[-5000:]
     finally:
         proc.kill()
 

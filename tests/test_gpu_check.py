@@ -15,6 +15,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
+from conftest import PROCESS_TIMEOUT_S  # noqa: E402
 from gpu_monitor import GpuMonitor  # noqa: E402
 
 
@@ -82,7 +83,7 @@ def test_offline_dry_run_finishes_on_a_cpu_with_every_figure(repo_root, tmp_path
     env.pop("OUT", None)
     done = subprocess.run(["bash", str(BENCH / "gpu_check.sh"), "--dry-run", "--offline", "--data-dir",
                            str(tmp_path / "data"), "--run-dir", str(tmp_path / "run")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout.splitlines()
     assert out[0].startswith(("carried wheels installed into ", "no benchmarks/wheels: "))

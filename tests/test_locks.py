@@ -15,6 +15,7 @@ import time
 import pytest
 
 from cosmos_pl.federated.locks import LOCK_NAME
+from conftest import PROCESS_TIMEOUT_S
 
 pytestmark = pytest.mark.slow  # subprocess runs, or a Flower federation
 
@@ -29,7 +30,7 @@ def _start(argv, faults=""):
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
 
-def _holding(folder, proc, timeout=300):
+def _holding(folder, proc, timeout=PROCESS_TIMEOUT_S):
     """Wait until ``proc`` holds ``folder``'s lock (its pid is in the lock file)."""
     start = time.monotonic()
     while True:
@@ -59,10 +60,10 @@ def test_a_second_process_on_a_run_directory_or_compare_folder_in_use_exits_2_na
         second = [
             subprocess.run([sys.executable, "-m", "cosmos_pl.cli", *_fit(repo_root, "--run_dir", str(run),
                                                                          "--overwrite", "true")],
-                           capture_output=True, text=True, timeout=300),
+                           capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S),
             subprocess.run([sys.executable, "-m", "cosmos_pl.cli", "compare", "--config",
                             str(repo_root / "configs/digits_smoke.yaml"), "--algorithms", "local", "--seeds", "0",
-                            "--out", str(out), "--data.num_clients", "5"], capture_output=True, text=True, timeout=300),
+                            "--out", str(out), "--data.num_clients", "5"], capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S),
         ]
         for proc, first, folder, key in ((second[0], fit_a, run, "--run_dir"), (second[1], compare_a, out, "--out")):
             lines = proc.stderr.strip().splitlines()
@@ -79,5 +80,5 @@ def test_a_second_process_on_a_run_directory_or_compare_folder_in_use_exits_2_na
     # the killed processes' locks went with them: the next runs get past the lock (and stop at the next check:
     # the first run never finished round 0, so there is nothing to resume)
     after = subprocess.run([sys.executable, "-m", "cosmos_pl.cli", *_fit(repo_root, "--resume", str(run))],
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S)
     assert after.returncode == 2 and "no checkpoint in" in after.stderr and "in use" not in after.stderr

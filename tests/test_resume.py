@@ -21,7 +21,7 @@ import torch
 from cosmos_pl.cli import run
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.checkpoint import load_latest
-from conftest import small_digits_argv
+from conftest import PROCESS_TIMEOUT_S, small_digits_argv
 
 # subprocess runs, or a Flower federation; on one worker, which trains the killed run once (`--dist loadgroup`)
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("resume")]
@@ -42,7 +42,7 @@ def _start(argv: list[str], faults: str = "") -> subprocess.Popen:
 
 
 def _finish(proc: subprocess.Popen, status: int = 0) -> str:
-    out, err = proc.communicate(timeout=900)
+    out, err = proc.communicate(timeout=PROCESS_TIMEOUT_S)
     assert proc.returncode == status, f"exit {proc.returncode}\n{out[-3000:]}\n{err[-3000:]}"
     return err
 

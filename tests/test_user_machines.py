@@ -13,12 +13,12 @@ import sys
 import pytest
 
 from cosmos_pl.limits import open_file_limit_line, raise_open_file_limit, too_many_open_files
-from conftest import small_digits_argv
+from conftest import PROCESS_TIMEOUT_S, small_digits_argv
 
 PARALLEL = ("--executor.kind", "parallel", "--executor.devices", "2")
 
 
-def _fit(argv, prefix=(), limit=None, timeout=600):
+def _fit(argv, prefix=(), limit=None, timeout=PROCESS_TIMEOUT_S):
     """``cosmos-pl fit`` in a child process (after ``prefix``, e.g. a namespace), its open-file limit set before it
     starts."""
     def set_limit():
