@@ -14,7 +14,7 @@ import torch
 from cosmos_pl.algorithms import COSMOS
 from cosmos_pl.data import FashionMNIST, GroupDirichlet, build_federation
 from cosmos_pl.training.client import ClientConfig
-from cosmos_pl.federated.executor import ExecutorConfig
+from cosmos_pl.execution.executor import ExecutorConfig
 from cosmos_pl.federated.runner import Runner
 from cosmos_pl.training.config import TrainerConfig
 from cosmos_pl.transforms import Transformations

@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import build_runner, cosmos_round, emit  # noqa: E402
 
-from cosmos_pl.federated.executor import ExecutorConfig  # noqa: E402
+from cosmos_pl.execution.executor import ExecutorConfig  # noqa: E402
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ def _returned(model):
 def model_round_trip(name: str, repeat: int) -> dict:
     import torch
 
-    from cosmos_pl.federated.executor import Executor, ExecutorConfig
+    from cosmos_pl.execution.executor import Executor, ExecutorConfig
     from cosmos_pl.models import create_backbone
 
     model = create_backbone(name, 100, 3, 32)

@@ -28,8 +28,8 @@ from cosmos_pl.federated.sampling import check_clients_per_round
 from cosmos_pl.data import FashionMNIST, GroupDirichlet, ImageDataset, Partitioner
 from cosmos_pl.errors import ConfigError, check
 from cosmos_pl.training.client import ClientConfig
-from cosmos_pl.federated.devices import resolve_devices
-from cosmos_pl.federated.executor import ExecutorConfig
+from cosmos_pl.execution.devices import resolve_devices
+from cosmos_pl.execution.executor import ExecutorConfig
 from cosmos_pl.training.config import TrainerConfig
 from cosmos_pl.transforms import Transformations
 
@@ -262,7 +262,7 @@ def run_precision(init: Namespace) -> str:
     Raises:
         ConfigError: bf16-mixed on a GPU without native bfloat16 and no ``trainer.precision_fallback``.
     """
-    from cosmos_pl.federated.devices import physical_gpu
+    from cosmos_pl.execution.devices import physical_gpu
     from cosmos_pl.training.cuda_check import choose_precision, gpu_facts
 
     trainer = init.trainer
@@ -315,7 +315,7 @@ def _check_gpus(init: Namespace, gpus: list[int]) -> None:
     (:func:`~cosmos_pl.training.cuda_check.check_kernels`), bf16-mixed only on native bfloat16 unless
     ``trainer.precision_fallback`` (:func:`~cosmos_pl.training.cuda_check.choose_precision`), and backbones
     that ``trainer.deterministic: true`` can train."""
-    from cosmos_pl.federated.devices import physical_gpu
+    from cosmos_pl.execution.devices import physical_gpu
     from cosmos_pl.training.cuda_check import check_kernels, choose_precision, gpu_facts
 
     trainer: TrainerConfig = init.trainer
@@ -417,7 +417,7 @@ def round0_key(cfg: Namespace, threads: int) -> str:
     device = resolve_device(cfg.trainer.accelerator).type
     parts["resolved"] = {"device": device, "threads": threads if device == "cpu" else None}
     if device == "cuda":
-        from cosmos_pl.federated.devices import physical_gpu
+        from cosmos_pl.execution.devices import physical_gpu
         from cosmos_pl.training.cuda_check import cudnn_version, gpu_facts
 
         gpus = gpus_in_use(cfg.executor, cfg.trainer.accelerator)

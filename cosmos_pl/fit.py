@@ -19,7 +19,7 @@ from jsonargparse import ArgumentParser, Namespace
 from cosmos_pl.algorithms import Algorithm
 from cosmos_pl.config import DataConfig, gpus_in_use, round0_key, validate_against_data, validate_config
 from cosmos_pl.errors import ConfigError, UserError
-from cosmos_pl.federated.devices import available_cpus, too_many_threads
+from cosmos_pl.execution.devices import available_cpus, too_many_threads
 from cosmos_pl.signals import Interrupted
 from cosmos_pl.training.cuda_check import describe_device, device_line
 
@@ -44,13 +44,13 @@ def run_fit(cfg: Namespace, parser: ArgumentParser, transport: Optional[Callable
     own (a deployment): no data set is loaded here; without it the configured data set is loaded for U (and, in a
     simulation, the clients').
 
-    The run directory is locked for the whole run (:class:`~cosmos_pl.federated.locks.FolderLock`): a second
+    The run directory is locked for the whole run (:class:`~cosmos_pl.runs.locks.FolderLock`): a second
     process on it is refused, naming the first. A run that fails before its training begins (the data, a backbone
     that cannot take the images, W&B, a signal) removes the files it wrote there (config.yaml, ...), so the same
     command can be run again in the same folder; from round 0 on they are the run's records and stay.
     """
-    from cosmos_pl.federated import checkpoint
-    from cosmos_pl.federated.run_directory import RunDirectory
+    from cosmos_pl.runs import checkpoint
+    from cosmos_pl.runs.run_directory import RunDirectory
 
     saved = cfg.clone()
     saved.overwrite = False  # config.yaml describes the run; rerunning it must not clear a folder unasked
@@ -94,8 +94,8 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
     """:func:`run_fit` inside its locked run directory: tracker, data, runner, records, the final line."""
     from lightning.fabric.utilities.seed import seed_everything
 
-    from cosmos_pl.federated import checkpoint
-    from cosmos_pl.federated.recorder import Recorder
+    from cosmos_pl.runs import checkpoint
+    from cosmos_pl.runs.recorder import Recorder
     from cosmos_pl.federated.runner import Runner, ServerData
     from cosmos_pl.report import log_console, plot_run, print_table
     from cosmos_pl.tracking import Tracker
@@ -177,7 +177,7 @@ def _device(init: Namespace) -> dict[str, Any]:
     the determinism flags; for the run's first line and summary.json. Where a GPU in use has no native bfloat16
     and ``trainer.precision_fallback`` is set, ``init.trainer.precision`` becomes the fallback, which every stage
     then runs in (``precision_note`` says so)."""
-    from cosmos_pl.federated.devices import available_cpus, physical_gpu
+    from cosmos_pl.execution.devices import available_cpus, physical_gpu
     from cosmos_pl.training.config import autotuning
 
     trainer = init.trainer

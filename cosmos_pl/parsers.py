@@ -27,7 +27,7 @@ from cosmos_pl.config import (
     WandbConfig,
 )
 from cosmos_pl.docstrings import ArgumentParser  # --help prints the docstrings' roles as plain text
-from cosmos_pl.federated.checkpoint import CheckpointConfig
+from cosmos_pl.runs.checkpoint import CheckpointConfig
 from cosmos_pl.federated.failures import FailureConfig
 
 __all__ = ["build_fit_parser", "build_compare_parser", "build_export_parser", "algorithm_help"]

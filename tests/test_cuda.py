@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from cosmos_pl.federated.executor import Executor, ExecutorConfig
+from cosmos_pl.execution.executor import Executor, ExecutorConfig
 from cosmos_pl.objectives.local_fit import fit_supervised
 from cosmos_pl.training.config import TrainerConfig
 from cosmos_pl.training.inference import predict_probs

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from cosmos_pl.errors import DeviceMemoryError
-from cosmos_pl.federated.executor import Executor, ExecutorConfig, TaskFailure
+from cosmos_pl.execution.executor import Executor, ExecutorConfig
+from cosmos_pl.execution.task_failure import TaskFailure
 from cosmos_pl.objectives.distill import fit_distillation
 from cosmos_pl.objectives.local_fit import fit_supervised
 from cosmos_pl.training.config import TrainerConfig, apply_determinism, inference_batch
@@ -157,7 +158,7 @@ def test_a_deterministic_stage_trains_the_same_model_as_the_default(restore_flag
 def test_too_little_shared_memory_for_the_workers_asked_for_stops_before_round_0(monkeypatch, repo_root, tmp_path,
                                                                                     capsys):
     from cosmos_pl.cli import main
-    from cosmos_pl.federated import executor
+    from cosmos_pl.execution import executor
 
     monkeypatch.setattr(executor, "shared_memory_free", lambda: 2 ** 10)  # 1 KiB free in /dev/shm
     # parallel workers asked for: the run stops with one line before round 0 trains; a sequential one never asks

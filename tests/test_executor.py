@@ -4,8 +4,9 @@ of 1,024."""
 
 import pytest
 
-from cosmos_pl.federated.devices import resolve_devices
-from cosmos_pl.federated.executor import Executor, ExecutorConfig, TaskFailure
+from cosmos_pl.execution.devices import resolve_devices
+from cosmos_pl.execution.executor import Executor, ExecutorConfig
+from cosmos_pl.execution.task_failure import TaskFailure
 
 
 def _square(model=None, v=0):

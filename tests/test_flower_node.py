@@ -31,9 +31,9 @@ from cosmos_pl.objectives.union import UnionFit  # noqa: E402
 from cosmos_pl.parsers import build_fit_parser  # noqa: E402
 from cosmos_pl.communication import decode, encode  # noqa: E402
 from cosmos_pl.errors import ConfigError  # noqa: E402
-from cosmos_pl.federated.executor import TaskFailure  # noqa: E402
-from cosmos_pl.federated.recorder import Recorder  # noqa: E402
-from cosmos_pl.federated.run_directory import RunDirectory  # noqa: E402
+from cosmos_pl.execution.task_failure import TaskFailure  # noqa: E402
+from cosmos_pl.runs.recorder import Recorder  # noqa: E402
+from cosmos_pl.runs.run_directory import RunDirectory  # noqa: E402
 from cosmos_pl.flower import node, node_data, node_state, server_app, wire  # noqa: E402
 from cosmos_pl.federated.runner import Runner, ServerData  # noqa: E402
 from cosmos_pl.flower.replies import NodesMissing  # noqa: E402

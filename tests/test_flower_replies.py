@@ -20,8 +20,8 @@ from hypothesis import strategies as st  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from cosmos_pl.communication import CommunicationConfig  # noqa: E402
-from cosmos_pl.federated.executor import TaskFailure  # noqa: E402
-from cosmos_pl.federated.recorder import Recorder  # noqa: E402
+from cosmos_pl.execution.task_failure import TaskFailure  # noqa: E402
+from cosmos_pl.runs.recorder import Recorder  # noqa: E402
 from cosmos_pl.flower import validate  # noqa: E402
 from cosmos_pl.flower.replies import SiteFailure, read_reply  # noqa: E402
 from cosmos_pl.flower.server import FlowerClients  # noqa: E402

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from cosmos_pl.errors import DeviceError, DeviceMemoryError
-from cosmos_pl.federated.executor import Executor, ExecutorConfig, TaskFailure
+from cosmos_pl.execution.executor import Executor, ExecutorConfig
+from cosmos_pl.execution.task_failure import TaskFailure
 from cosmos_pl.training.checks import BROKEN_CONTEXT, OUT_OF_MEMORY, cuda_error_kind
 
 pytestmark = pytest.mark.gpu_path

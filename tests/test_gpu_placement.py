@@ -10,8 +10,8 @@ import torch
 
 from cosmos_pl.compare.pairs import gpu_slots
 from cosmos_pl.errors import ConfigError
-from cosmos_pl.federated.devices import physical_gpu
-from cosmos_pl.federated.executor import Executor, ExecutorConfig
+from cosmos_pl.execution.devices import physical_gpu
+from cosmos_pl.execution.executor import Executor, ExecutorConfig
 
 
 @pytest.fixture
@@ -136,7 +136,7 @@ GIB = 2 ** 30
 
 
 def test_auto_workers_per_device_by_hand():
-    from cosmos_pl.federated.devices import auto_workers_per_device, worker_gpu_bytes
+    from cosmos_pl.execution.devices import auto_workers_per_device, worker_gpu_bytes
 
     # 2 GPUs with 20 and 30 GiB free, 5 GiB a worker: 0.8 * 20 / 5 = 3.2 -> 3; 16 cores / 2 = 8; 25 tasks / 2 -> 13
     assert auto_workers_per_device([20 * GIB, 30 * GIB], 5 * GIB, cpus=16, tasks=25) == 3
@@ -149,7 +149,7 @@ def test_auto_workers_per_device_by_hand():
 
 
 def test_auto_sizing_reads_free_memory_and_sets_the_slots(gpus, monkeypatch):
-    import cosmos_pl.federated.devices as devices
+    import cosmos_pl.execution.devices as devices
 
     gpus(2)
     asked = []
@@ -172,7 +172,7 @@ def test_auto_sizing_reads_free_memory_and_sets_the_slots(gpus, monkeypatch):
 
 
 def test_auto_sizing_without_nvidia_smi_keeps_one_worker_per_gpu_and_says_so(gpus, monkeypatch):
-    import cosmos_pl.federated.devices as devices
+    import cosmos_pl.execution.devices as devices
 
     gpus(2)
     monkeypatch.setattr(devices.shutil, "which", lambda name: None)
@@ -182,7 +182,7 @@ def test_auto_sizing_without_nvidia_smi_keeps_one_worker_per_gpu_and_says_so(gpu
 
 
 def test_free_memory_is_read_per_gpu_and_the_least_where_gpu_models_differ(gpus, tmp_path, monkeypatch):
-    from cosmos_pl.federated.devices import gpu_free_bytes
+    from cosmos_pl.execution.devices import gpu_free_bytes
 
     gpus(2)
     fake = tmp_path / "nvidia-smi"
@@ -205,7 +205,7 @@ def test_free_memory_is_read_per_gpu_and_the_least_where_gpu_models_differ(gpus,
 
 
 def test_more_threads_than_cores_is_warned_in_one_line_naming_the_setting_and_the_cores():
-    from cosmos_pl.federated.devices import too_many_threads
+    from cosmos_pl.execution.devices import too_many_threads
 
     assert too_many_threads(None, 2) is None and too_many_threads(2, 2) is None
     assert too_many_threads(64, 2) == (

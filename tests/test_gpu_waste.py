@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from cosmos_pl.data.federation import ClientData
-from cosmos_pl.federated.executor import COMPILE_THREADS, Executor, ExecutorConfig
+from cosmos_pl.execution.executor import COMPILE_THREADS, Executor, ExecutorConfig
 from cosmos_pl.federated.in_process import InProcessClients
 from cosmos_pl.federated.runner import Runner
 from cosmos_pl.objectives.runtime import ClientRuntime

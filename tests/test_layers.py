@@ -1,7 +1,7 @@
 """The imports among cosmos_pl's modules: the contracts in pyproject.toml (``[tool.importlinter]``: nothing imports
-the command line, only it imports the Flower transport, compare's pairs and grid are independent, the layers import
-downwards only), no module importing another's private names, and no import cycle. Imports inside functions count
-everywhere."""
+the command line, only it imports the Flower transport, compare's pairs and grid are independent, compare does not
+import the round loop, the layers import downwards only), no module importing another's private names, and no import
+cycle. Imports inside functions count everywhere."""
 
 from __future__ import annotations
 

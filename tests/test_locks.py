@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from cosmos_pl.federated.locks import LOCK_NAME
+from cosmos_pl.runs.locks import LOCK_NAME
 from conftest import PROCESS_TIMEOUT_S
 
 pytestmark = pytest.mark.slow  # subprocess runs, or a Flower federation

@@ -15,7 +15,7 @@ import torch
 
 from cosmos_pl.algorithms import FedAvg
 from cosmos_pl.data import Digits, Federation, GroupDirichlet, build_federation
-from cosmos_pl.federated.executor import ExecutorConfig
+from cosmos_pl.execution.executor import ExecutorConfig
 from cosmos_pl.federated.runner import Runner
 from cosmos_pl.objectives.wire import steps_from_wire, steps_to_wire
 from cosmos_pl.training.client import ClientConfig

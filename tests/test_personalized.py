@@ -208,7 +208,7 @@ def test_fedbabu_run_holds_one_global_body_a_fixed_head_and_sends_the_body_alone
     assert fit("FedAvg", tmp_path / "fedavg_cached", 1, "--round0_cache", str(cache)) == 0
     out = capsys.readouterr().out
     # the run's first line names the device it trains on (digits_smoke: trainer.accelerator cpu, 32-true)
-    from cosmos_pl.federated.devices import available_cpus
+    from cosmos_pl.execution.devices import available_cpus
 
     cores = available_cpus()
     assert out.splitlines()[0] == (f"device: CPU ({cores} core{'s' if cores != 1 else ''}; torch "

@@ -29,7 +29,7 @@ from cosmos_pl.algorithms import COMET, Ditto, FedBABU
 from cosmos_pl.data import ClientData, Federation
 from cosmos_pl.data.partition import Partition
 from cosmos_pl.federated import initial_models
-from cosmos_pl.federated.executor import ExecutorConfig
+from cosmos_pl.execution.executor import ExecutorConfig
 from cosmos_pl.federated.runner import Runner
 from cosmos_pl.training.client import ClientConfig
 from cosmos_pl.training.config import TrainerConfig

@@ -2,8 +2,8 @@
 
 import csv
 
-from cosmos_pl.federated.recorder import Recorder, format_csv
-from cosmos_pl.federated.run_directory import RunDirectory
+from cosmos_pl.runs.recorder import Recorder, format_csv
+from cosmos_pl.runs.run_directory import RunDirectory
 from cosmos_pl.report import plot_run, run_curves
 
 

@@ -1,4 +1,4 @@
-"""What travels to parallel workers (cosmos_pl.federated.transfer): resident tensors (a client's data, U) once per
+"""What travels to parallel workers (cosmos_pl.execution.transfer): resident tensors (a client's data, U) once per
 worker, kept across stages and rounds, as are model architectures; a stage on a GPU keeps one device copy of a
 resident tensor per process. How models travel: tests/test_transfer.py."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from cosmos_pl.federated.executor import Executor, ExecutorConfig
-from cosmos_pl.federated.transfer import RESIDENT_ATTR, Held, Keep, Residents, pack, unpack
+from cosmos_pl.execution.executor import Executor, ExecutorConfig
+from cosmos_pl.execution.transfer import RESIDENT_ATTR, Held, Keep, Residents, pack, unpack
 from cosmos_pl.training import engine
 
 

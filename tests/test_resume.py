@@ -20,7 +20,7 @@ import torch
 
 from cosmos_pl.cli import run
 from cosmos_pl.errors import ConfigError
-from cosmos_pl.federated.checkpoint import load_latest
+from cosmos_pl.runs.checkpoint import load_latest
 from conftest import PROCESS_TIMEOUT_S, small_digits_argv
 
 # subprocess runs, or a Flower federation; on one worker, which trains the killed run once (`--dist loadgroup`)

@@ -10,7 +10,7 @@ import pytest
 from cosmos_pl.cli import main
 from cosmos_pl.compare.pairs import Pair, finished
 from cosmos_pl.errors import ConfigError
-from cosmos_pl.federated.run_directory import RunDirectory, atomic_save, atomic_write_text
+from cosmos_pl.runs.run_directory import RunDirectory, atomic_save, atomic_write_text
 
 
 def _mode(path):

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
 from cosmos_pl import cli, signals
-from cosmos_pl.federated.executor import Executor, ExecutorConfig
+from cosmos_pl.execution.executor import Executor, ExecutorConfig
 from cosmos_pl.objectives import distill as distill_objective
 from cosmos_pl.objectives.local_fit import fit_supervised
 from cosmos_pl.training import engine

@@ -177,7 +177,7 @@ def test_the_server_side_holds_no_client_tensor_after_a_round(exported, tmp_path
     client's data nor a client's model weights."""
     from rich.console import Console
 
-    from cosmos_pl.federated.recorder import Recorder
+    from cosmos_pl.runs.recorder import Recorder
     from cosmos_pl.federated.runner import Runner
 
     parser = build_fit_parser()

@@ -267,7 +267,7 @@ def test_cli_huge_learning_rates_of_teacher_and_distillation_name_their_keys(rep
 
 @pytest.mark.slow
 def test_worker_process_divergence_comes_back_as_the_same_one_line_error():
-    from cosmos_pl.federated.executor import Executor, ExecutorConfig
+    from cosmos_pl.execution.executor import Executor, ExecutorConfig
 
     x, y, _ = _data()
     task = (fit_supervised, dict(model=_Counting(), x=x, y=y, epochs=1, batch_size=16, transformations=None,

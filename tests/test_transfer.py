@@ -1,5 +1,5 @@
-"""How objects cross a worker's pipe (cosmos_pl.federated.pipe) and what a task's models become on the way
-(cosmos_pl.federated.transfer): by value, no file descriptor left behind, strides and flags kept; a model of a known
+"""How objects cross a worker's pipe (cosmos_pl.execution.pipe) and what a task's models become on the way
+(cosmos_pl.execution.transfer): by value, no file descriptor left behind, strides and flags kept; a model of a known
 architecture as its tensors' bytes, rebuilt from a template; a stage's shared model sent once per worker; the
 resident data in one shared arena."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from cosmos_pl.federated.pipe import Template, receive, send
-from cosmos_pl.federated.transfer import (RESIDENT_ATTR, ForStage, Held, Residents, Skeleton, Weights, architecture,
+from cosmos_pl.execution.pipe import Template, receive, send
+from cosmos_pl.execution.transfer import (RESIDENT_ATTR, ForStage, Held, Residents, Skeleton, Weights, architecture,
                                           built, module_tensors, pack, repeated_models, trained_reply, unpack)
 
 
@@ -190,7 +190,7 @@ def test_residents_move_into_one_shared_arena_keeping_identity_and_values():
 # ----------------------------------------------------------------------------------------------- /dev/shm
 def test_shared_memory_plan_by_hand():
     from cosmos_pl.errors import ConfigError
-    from cosmos_pl.federated.devices import PRIVATE, SEQUENTIAL, SHARED, shared_memory_plan
+    from cosmos_pl.execution.devices import PRIVATE, SEQUENTIAL, SHARED, shared_memory_plan
 
     mib = 2 ** 20
     assert shared_memory_plan(90 * mib, 100 * mib, 4, explicit=True) == (SHARED, None)  # 90% of what is free fits
@@ -213,8 +213,8 @@ def test_shared_memory_plan_by_hand():
 
 def test_an_executor_that_chose_its_gpu_workers_falls_back_where_shm_is_small(monkeypatch):
     from cosmos_pl.errors import ConfigError
-    from cosmos_pl.federated import executor as executor_module
-    from cosmos_pl.federated.executor import Executor, ExecutorConfig
+    from cosmos_pl.execution import executor as executor_module
+    from cosmos_pl.execution.executor import Executor, ExecutorConfig
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # two GPUs seen: auto is parallel, a worker each
     monkeypatch.setattr(executor_module, "shared_memory_free", lambda: 2 ** 20)
@@ -239,7 +239,7 @@ def _sum_of(x, model):
 
 @pytest.mark.slow  # two spawned worker processes
 def test_private_copies_give_the_same_results_as_the_shared_arena():
-    from cosmos_pl.federated.executor import Executor, ExecutorConfig
+    from cosmos_pl.execution.executor import Executor, ExecutorConfig
 
     outputs = {}
     for mode in ("shared", "private"):

@@ -87,7 +87,7 @@ def test_the_soft_open_file_limit_is_raised_to_the_hard_one():
 
 def test_running_out_of_descriptors_is_one_line_naming_ulimit(monkeypatch, capsys):
     import cosmos_pl.cli as cli
-    from cosmos_pl.federated.executor import Executor, ExecutorConfig
+    from cosmos_pl.execution.executor import Executor, ExecutorConfig
     from cosmos_pl.limits import ResourceLimitError
 
     err = OSError(errno.EMFILE, "Too many open files")

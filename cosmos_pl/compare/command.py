@@ -35,9 +35,9 @@ from cosmos_pl.compare.report import PairResult, summarize
 from cosmos_pl.compare.wandb_runs import comparison_name, log_comparison, with_group
 from cosmos_pl.config import CompareConfig, SlurmConfig, check_seed
 from cosmos_pl.errors import ConfigError, check
-from cosmos_pl.federated.locks import FolderLock
-from cosmos_pl.federated.run_directory import create_folder
 from cosmos_pl.report import log_console
+from cosmos_pl.runs.locks import FolderLock
+from cosmos_pl.runs.run_directory import create_folder
 
 __all__ = ["run_compare", "CompareResult", "plan_grid", "run_grid", "execute"]
 

@@ -44,11 +44,11 @@ from cosmos_pl.compare.report import PairResult, clustering_of, write_report
 from cosmos_pl.compare.wandb_runs import comparison_name, log_comparison
 from cosmos_pl.config import validate_config
 from cosmos_pl.errors import ConfigError
-from cosmos_pl.federated import checkpoint
-from cosmos_pl.federated.devices import available_cpus, physical_gpu
-from cosmos_pl.federated.locks import FolderLock
-from cosmos_pl.federated.run_directory import atomic_write_text
+from cosmos_pl.execution.devices import available_cpus, physical_gpu
+from cosmos_pl.files import atomic_write_text
 from cosmos_pl.progress import Ticker, line_every_s, round_of
+from cosmos_pl.runs import checkpoint
+from cosmos_pl.runs.locks import FolderLock
 
 __all__ = ["Pair", "fill_executor", "pair_configs", "finished", "gpu_slots", "launch", "run_logged", "failure_line",
            "execute_pairs", "report_pairs", "rounds_done", "RUNNING"]
@@ -92,7 +92,7 @@ def fill_executor(executor: dict[str, Any], defaults: dict[str, Any], jobs: int,
     A setting counts as given when its value differs from the parser's default (``defaults``: ``threads_per_worker``
     None, ``workers_per_device`` auto), on the command line or in a config file. Left unset,
     ``threads_per_worker`` becomes ``threads`` (a Slurm job's CPUs) or this machine's cores
-    (:func:`~cosmos_pl.federated.devices.available_cpus`) split between the ``jobs`` pairs run side by side, at
+    (:func:`~cosmos_pl.execution.devices.available_cpus`) split between the ``jobs`` pairs run side by side, at
     least 1: a pair left at None would take every core, and pairs side by side would slow each other down many
     times over. With ``jobs`` > 1 on this machine, ``workers_per_device`` left at auto becomes 1: pairs side by
     side would each size their workers from the same GPUs' free memory.

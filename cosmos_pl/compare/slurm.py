@@ -40,7 +40,7 @@ from cosmos_pl.class_groups import parse_args
 from cosmos_pl.compare.pairs import RUNNING, Pair, failure_line, launch, run_logged
 from cosmos_pl.config import SlurmConfig, round0_key
 from cosmos_pl.errors import ConfigError
-from cosmos_pl.federated.run_directory import atomic_write_text
+from cosmos_pl.files import atomic_write_text
 from cosmos_pl.progress import line_every_s
 
 __all__ = ["PairJob", "Round0Job", "make_executor", "execute_slurm", "stop_running"]

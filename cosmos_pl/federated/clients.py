@@ -67,7 +67,7 @@ class Clients:
     """The clients of one run, as the round loop sees them (see the module docstring).
 
     Every method that runs something on clients returns ``{client id: result}``, a failed client's result being a
-    :class:`~cosmos_pl.federated.executor.TaskFailure` with the reason (and the step, when it is not the stage that
+    :class:`~cosmos_pl.execution.task_failure.TaskFailure` with the reason (and the step, when it is not the stage that
     was asked): the round loop records it and goes on with the others.
     """
 

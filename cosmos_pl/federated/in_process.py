@@ -28,7 +28,8 @@ from cosmos_pl.communication import CommunicationConfig
 from cosmos_pl.data import Federation
 from cosmos_pl.errors import DivergenceError
 from cosmos_pl.federated.clients import ClientInfo, Clients, Scores, SimulationFacts
-from cosmos_pl.federated.executor import Executor, TaskFailure
+from cosmos_pl.execution.executor import Executor
+from cosmos_pl.execution.task_failure import TaskFailure
 from cosmos_pl.federated.initial_models import client_backbone, initial_model
 from cosmos_pl.federated.server_view import ServerView
 from cosmos_pl.files import atomic_save

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from cosmos_pl.communication import decode, state_dict_bytes
-from cosmos_pl.federated.executor import TaskFailure
+from cosmos_pl.execution.task_failure import TaskFailure
 from cosmos_pl.uploads import RejectedUpload, UploadSpec, check_upload, check_weights
 
 __all__ = ["accept_uploads"]

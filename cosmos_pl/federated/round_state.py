@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from cosmos_pl.federated.executor import TaskFailure
+from cosmos_pl.execution.task_failure import TaskFailure
 from cosmos_pl.federated.failures import ClientFailed, Failure, FailureConfig, RoundFailed
 
 __all__ = ["RoundState"]

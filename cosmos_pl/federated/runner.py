@@ -28,22 +28,24 @@ from cosmos_pl import signals
 from cosmos_pl.algorithms.base import Algorithm, FederationContext, ServerResult
 from cosmos_pl.communication import CommunicationConfig
 from cosmos_pl.data import Federation
-from cosmos_pl.federated import checkpoint, faults
-from cosmos_pl.federated.checkpoint import CheckpointConfig
+from cosmos_pl.federated import faults
+from cosmos_pl.runs import checkpoint
+from cosmos_pl.runs.checkpoint import CheckpointConfig
 from cosmos_pl.federated.clients import Clients
 from cosmos_pl.federated.evaluation import (round_line, round_rows, structure_columns, summarize_run,
                                             with_adjusted_rand_index)
-from cosmos_pl.federated.executor import Executor, ExecutorConfig, TaskFailure
+from cosmos_pl.execution.executor import Executor, ExecutorConfig
+from cosmos_pl.execution.task_failure import TaskFailure
 from cosmos_pl.federated.failures import FailureConfig, RoundFailed
 from cosmos_pl.federated.in_process import InProcessClients
 from cosmos_pl.federated.initial_models import seeded_backbone
 from cosmos_pl.federated.received import accept_uploads
-from cosmos_pl.federated.recorder import Recorder
+from cosmos_pl.runs.recorder import Recorder
 from cosmos_pl.federated.round_state import RoundState
 from cosmos_pl.federated.sampling import sampled_clients
 from cosmos_pl.federated.server_data import ServerData
 from cosmos_pl.federated.server_view import ServerView
-from cosmos_pl.federated.tasks import TaskRunner
+from cosmos_pl.execution.tasks import TaskRunner
 from cosmos_pl.models import check_backbones
 from cosmos_pl.models.personal import shared_weights
 from cosmos_pl.objectives.protocol import LoadWeights, Upload
@@ -304,7 +306,7 @@ class Runner:
             resume: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         """Round 0 and rounds 1..R, a checkpoint after each; returns the summary (also written to summary.json).
         ``round0_cache`` and ``round0_key``: see :meth:`pretrain`. ``resume``: a checkpoint
-        (:func:`cosmos_pl.federated.checkpoint.load_latest`) to continue from, after its round.
+        (:func:`cosmos_pl.runs.checkpoint.load_latest`) to continue from, after its round.
 
         Raises:
             cosmos_pl.signals.Interrupted: a SIGTERM/SIGINT arrived (with :func:`cosmos_pl.signals.install`); also

@@ -15,9 +15,9 @@ import torch
 from rich.console import Console
 
 from cosmos_pl.communication import CommunicationConfig
-from cosmos_pl.federated.recorder import Recorder
+from cosmos_pl.runs.recorder import Recorder
 from cosmos_pl.federated.server_data import ServerData
-from cosmos_pl.federated.tasks import TaskRunner
+from cosmos_pl.execution.tasks import TaskRunner
 from cosmos_pl.objectives.runtime import ClientRuntime
 
 __all__ = ["ServerView"]

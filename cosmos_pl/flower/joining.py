@@ -19,7 +19,7 @@ from typing import Any, Optional
 from flwr.app import ConfigRecord, RecordDict
 
 from cosmos_pl.federated.clients import ClientInfo
-from cosmos_pl.federated.executor import TaskFailure
+from cosmos_pl.execution.task_failure import TaskFailure
 from cosmos_pl.flower import validate, wire
 from cosmos_pl.flower.replies import NodesMissing, NoReply, SiteFailure
 

@@ -22,7 +22,7 @@ import torch
 from flwr.app import ConfigRecord, Context
 
 from cosmos_pl.errors import ConfigError
-from cosmos_pl.federated.devices import available_cpus
+from cosmos_pl.execution.devices import available_cpus
 from cosmos_pl.files import atomic_save
 from cosmos_pl.flower import wire
 from cosmos_pl.flower.node_data import NodeRun, Site, checked_hex, load_run

@@ -8,7 +8,7 @@ from typing import Any, Optional
 from flwr.app import RecordDict
 
 from cosmos_pl.errors import UserError
-from cosmos_pl.federated.executor import TaskFailure
+from cosmos_pl.execution.task_failure import TaskFailure
 from cosmos_pl.flower.validate import error_reply
 
 __all__ = ["NoReply", "NodeRestarted", "NodesMissing", "SiteFailure", "read_reply"]

@@ -28,8 +28,8 @@ from torch import nn
 
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated.clients import ClientInfo, Clients, Scores
-from cosmos_pl.federated.executor import TaskFailure
-from cosmos_pl.federated.recorder import format_csv
+from cosmos_pl.execution.task_failure import TaskFailure
+from cosmos_pl.runs.recorder import format_csv
 from cosmos_pl.federated.server_view import ServerView
 from cosmos_pl.federated.initial_models import client_backbone
 from cosmos_pl.flower import validate, wire

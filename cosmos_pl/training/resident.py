@@ -1,7 +1,7 @@
 """This process's device copies of the resident tensors (a client's data, U).
 
 The executor sends each resident tensor to a worker once and tags it (:data:`~cosmos_pl.training.config.RESIDENT_ATTR`,
-:meth:`~cosmos_pl.federated.executor.Executor.keep_resident`); :func:`to_device` makes its GPU copy once per process
+:meth:`~cosmos_pl.execution.executor.Executor.keep_resident`); :func:`to_device` makes its GPU copy once per process
 and device, and every later stage and round reads that copy instead of copying the data to the GPU again: the
 training stages (:func:`~cosmos_pl.training.engine.on_device`) and the inference on U
 (:func:`~cosmos_pl.training.inference.batched_logits`). No Lightning here: inference imports it.

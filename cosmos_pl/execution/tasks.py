@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from rich.console import Console
 
-from cosmos_pl.federated.executor import Executor
+from cosmos_pl.execution.executor import Executor
 from cosmos_pl.objectives.step import Task
 from cosmos_pl.progress import StageProgress
 
@@ -33,7 +33,7 @@ class TaskRunner:
     """``run(round, stage, tasks, costs, trains, tolerate) -> [(model, output)]`` in task order, on ``executor``.
 
     With ``tolerate`` (client tasks) a failed task's output is a
-    :class:`~cosmos_pl.federated.executor.TaskFailure` and ``timeout_s`` applies; otherwise a failure raises
+    :class:`~cosmos_pl.execution.task_failure.TaskFailure` and ``timeout_s`` applies; otherwise a failure raises
     (server tasks: a teacher that fails stops the run).
     """
 

@@ -5,7 +5,7 @@ GPUs are numbered as this process sees them (``CUDA_VISIBLE_DEVICES`` renumbers 
 gives the entry a child process pinned to one of them is given. ``workers_per_device: auto`` reads the GPUs' free
 memory with ``nvidia-smi`` (so that this process opens no CUDA context on them) and sizes the workers per GPU from
 the largest model (:func:`workers_per_gpu`); :func:`shared_memory_plan` says whether the data that parallel workers
-keep all run fits in ``/dev/shm``. The executor (:mod:`cosmos_pl.federated.executor`) and compare's
+keep all run fits in ``/dev/shm``. The executor (:mod:`cosmos_pl.execution.executor`) and compare's
 side-by-side pairs use these.
 """
 
@@ -133,7 +133,7 @@ def worker_gpu_bytes(parameters: int, data_bytes: int) -> int:
     """GPU bytes one worker needs for a task (an estimate): a CUDA context (:data:`CUDA_CONTEXT_BYTES`), float32
     weights, gradients and Adam's two moments (16 bytes per parameter of the largest model), as much again for
     activations and the allocator's slack, and the data the worker keeps on the device (``data_bytes``, uint8
-    images: the resident tensors it has been sent, :meth:`~cosmos_pl.federated.executor.Executor.keep_resident`)."""
+    images: the resident tensors it has been sent, :meth:`~cosmos_pl.execution.executor.Executor.keep_resident`)."""
     return CUDA_CONTEXT_BYTES + 2 * 16 * parameters + data_bytes
 
 

@@ -3,7 +3,7 @@
 A run directory holds one run only: :meth:`RunDirectory.prepare` refuses a folder that already holds another run's
 files unless told to overwrite them (then it removes every one of them first, its checkpoints included), and
 :meth:`RunDirectory.unique` makes a new folder that no other run has, even for runs started in the same second.
-Both take the folder's lock (:class:`~cosmos_pl.federated.locks.FolderLock`) before looking inside, so a second
+Both take the folder's lock (:class:`~cosmos_pl.runs.locks.FolderLock`) before looking inside, so a second
 process on a folder in use is refused instead of mixing its files with the first's. Files get the usual
 permissions (``0o666`` less the umask), like any file the user creates. A write that fails for lack of space or
 permission is a :class:`~cosmos_pl.errors.UserError` naming the file (:class:`WriteFailed`), not a traceback.
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from cosmos_pl.errors import ConfigError
-from cosmos_pl.federated.locks import FolderLock, unwritable
+from cosmos_pl.runs.locks import FolderLock, unwritable
 from cosmos_pl.files import WriteFailed, atomic_save, atomic_save_figure, atomic_write_text
 
 __all__ = ["RunDirectory", "RESULT_FILES", "RUN_FILES", "WriteFailed", "create_folder", "atomic_write_text",

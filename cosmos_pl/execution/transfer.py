@@ -1,6 +1,6 @@
 """What a task's arguments and its trained model become on their way between this process and a parallel worker.
 
-Everything crosses the worker's pipe by value (:mod:`cosmos_pl.federated.pipe`). What stays the same for a whole run,
+Everything crosses the worker's pipe by value (:mod:`cosmos_pl.execution.pipe`). What stays the same for a whole run,
 or for a stage, is sent once per worker, then by name:
 
 - resident tensors (:meth:`Residents.add`: a client's data, U). Where ``/dev/shm`` holds them they are first moved
@@ -8,7 +8,7 @@ or for a stage, is sent once per worker, then by name:
   holds one file descriptor for all of them; otherwise (the executor's choice) each worker gets its own copy
   through its pipe;
 - model architectures: the first model of an architecture goes whole (:class:`Skeleton`) and both ends keep a
-  :class:`~cosmos_pl.federated.pipe.Template` of it; later models of that architecture go as their tensors
+  :class:`~cosmos_pl.execution.pipe.Template` of it; later models of that architecture go as their tensors
   (:class:`Weights`) and are built from the template. A trained model comes back the same way when it kept the
   architecture it was sent with, else whole;
 - within one stage, a model that several of its tasks read (a cluster's teacher, scored with each of its clients)
@@ -31,7 +31,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from cosmos_pl.federated.pipe import Template
+from cosmos_pl.execution.pipe import Template
 from cosmos_pl.training.config import RESIDENT_ATTR
 
 __all__ = ["RESIDENT_ATTR", "STAGE_PREFIX", "ForStage", "Held", "Keep", "Residents", "Skeleton", "Weights",
@@ -148,7 +148,7 @@ class Skeleton:
 
 @dataclass(frozen=True)
 class Weights:
-    """A model as its tensors' bytes (:meth:`~cosmos_pl.federated.pipe.Template.flatten`), for the template
+    """A model as its tensors' bytes (:meth:`~cosmos_pl.execution.pipe.Template.flatten`), for the template
     ``name`` the receiver has."""
 
     name: str

@@ -5,10 +5,10 @@ client's distillation, an evaluation). Tasks of a stage are independent, and eac
 (seed, round, stage, id), so on the CPU results do not depend on the executor or the number of workers (on a GPU,
 with ``trainer.deterministic: true``; docs/execution.md says what is reproducible where). Workers are
 processes started with ``spawn``; a task and its result cross a worker's pipe by value, and what stays the same all
-run (the clients' data, U) is shared once through ``/dev/shm`` where it fits (:mod:`cosmos_pl.federated.transfer`),
+run (the clients' data, U) is shared once through ``/dev/shm`` where it fits (:mod:`cosmos_pl.execution.transfer`),
 so a worker holds a handful of file descriptors however many models cross. On CUDA each worker is pinned to one GPU
 (``CUDA_VISIBLE_DEVICES``) and several workers may share one (``workers_per_device``); which devices, how many
-workers and how many threads each is :mod:`cosmos_pl.federated.devices`'s to say.
+workers and how many threads each is :mod:`cosmos_pl.execution.devices`'s to say.
 
 A client's task may fail (an exception, a non-finite loss, a timeout, a worker process killed by the OS): with
 ``tolerate`` the executor reports it as a :class:`TaskFailure` and carries on with the others. A CUDA error that
@@ -35,16 +35,17 @@ import torch
 
 from cosmos_pl import signals
 from cosmos_pl.errors import ConfigError, DataError, DeviceError, DeviceMemoryError, check
-from cosmos_pl.federated.devices import (SEQUENTIAL, SHARED, memory_available, physical_gpu, resolve_devices,
+from cosmos_pl.execution.devices import (SEQUENTIAL, SHARED, memory_available, physical_gpu, resolve_devices,
                                          shared_memory_free, shared_memory_plan, worker_threads, workers_per_gpu)
-from cosmos_pl.federated.pipe import Template, receive, send
-from cosmos_pl.limits import ResourceLimitError, open_file_limit_line, too_many_open_files
-from cosmos_pl.federated.transfer import (STAGE_PREFIX, Residents, built, pack, repeated_models, trained_reply,
+from cosmos_pl.execution.pipe import Template, receive, send
+from cosmos_pl.execution.task_failure import TaskFailure
+from cosmos_pl.execution.transfer import (STAGE_PREFIX, Residents, built, pack, repeated_models, trained_reply,
                                           unpack)
+from cosmos_pl.limits import ResourceLimitError, open_file_limit_line, too_many_open_files
 from cosmos_pl.objectives.step import Task
 from cosmos_pl.training.checks import BROKEN_CONTEXT, OUT_OF_MEMORY, cuda_error_kind
 
-__all__ = ["ExecutorConfig", "Executor", "TaskFailure", "TaskTimeout"]
+__all__ = ["ExecutorConfig", "Executor", "TaskTimeout"]
 
 
 @dataclass
@@ -70,7 +71,7 @@ class ExecutorConfig:
 
     def __post_init__(self) -> None:
         """Raises ConfigError for a value out of range (whether GPU ids exist is
-        :func:`~cosmos_pl.federated.devices.resolve_devices`'s check)."""
+        :func:`~cosmos_pl.execution.devices.resolve_devices`'s check)."""
         d = self.devices
         check(d == "auto" or (isinstance(d, int) and d >= 1) or (isinstance(d, list) and d and min(d) >= 0),
               "executor.devices", d, "use 'auto', a count >= 1, or a non-empty list of GPU ids >= 0")
@@ -79,17 +80,6 @@ class ExecutorConfig:
               "must be >= 1, or 'auto' (sized from the GPUs' free memory)")
         check(self.threads_per_worker is None or self.threads_per_worker >= 1, "executor.threads_per_worker",
               self.threads_per_worker, "must be >= 1, or null to split this machine's cores among the workers")
-
-
-class TaskFailure:
-    """A task that did not finish: ``reason`` says why (the exception, a timeout, a worker process that died, a
-    node that did not reply); ``step`` names the client step when it is not the stage that ran the task."""
-
-    def __init__(self, reason: str, step: Optional[str] = None) -> None:
-        self.reason, self.step = reason, step
-
-    def __repr__(self) -> str:
-        return f"TaskFailure({self.reason!r})"
 
 
 class TaskTimeout(Exception):
@@ -260,7 +250,7 @@ class Executor:
     def keep_resident(self, name: str, tensor: torch.Tensor) -> None:
         """Register ``tensor`` (a client's data, U: what stays the same for the whole run) under ``name``: a task
         argument that is this very tensor goes to each worker once, and the worker keeps it for later tasks, across
-        stages and rounds (:mod:`cosmos_pl.federated.transfer`). The tensor is tagged with ``name`` so that a stage
+        stages and rounds (:mod:`cosmos_pl.execution.transfer`). The tensor is tagged with ``name`` so that a stage
         on a GPU keeps one device copy of it (``cosmos_pl.training.engine``). It must not change afterwards.
 
         Raises:
@@ -269,7 +259,7 @@ class Executor:
 
     def plan_shared_memory(self) -> Optional[str]:
         """Before the workers start: whether the resident tensors registered so far fit in ``/dev/shm`` to be
-        shared by the workers (:func:`~cosmos_pl.federated.devices.shared_memory_plan`); where they do not and the
+        shared by the workers (:func:`~cosmos_pl.execution.devices.shared_memory_plan`); where they do not and the
         workers were this executor's own choice, each worker gets its own copy, or, where memory is short for that,
         the tasks run in this process. Returns the line that says so (None when shared, or not parallel).
 
@@ -298,7 +288,7 @@ class Executor:
 
     def size_workers(self, parameters: int, data_bytes: int, tasks: int) -> Optional[str]:
         """``workers_per_device: auto`` on GPUs, before any worker starts: set the workers per GPU
-        (:func:`~cosmos_pl.federated.devices.workers_per_gpu`: from the GPUs' free memory, for a largest model of
+        (:func:`~cosmos_pl.execution.devices.workers_per_gpu`: from the GPUs' free memory, for a largest model of
         ``parameters`` and ``data_bytes`` kept on the GPU and a stage of at most ``tasks`` tasks); return the line
         that says so. None (and one worker per device) on a CPU or with a number given. Without ``nvidia-smi`` one
         worker per GPU, said so. With ``kind: sequential`` nothing runs in workers, and nothing is sized."""

@@ -10,7 +10,7 @@ import csv
 import io
 from typing import Any, Optional
 
-from cosmos_pl.federated.run_directory import RunDirectory
+from cosmos_pl.runs.run_directory import RunDirectory
 
 __all__ = ["Recorder", "format_csv"]
 
