@@ -154,8 +154,9 @@ def make_executor(settings: SlurmConfig, folder: Path) -> Any:
 
 
 def _round0_groups(pairs: list[Pair]) -> dict[Optional[str], list[Pair]]:
-    """The pairs grouped by the settings that decide their round 0 (:attr:`~cosmos_pl.compare.plan.Pair.round0_group`,
-    the round-0 cache's key), in the order of each group's first pair."""
+    """The pairs grouped by the settings that decide their round 0
+    (:attr:`~cosmos_pl.compare.plan.Pair.round0_group`, the round-0 cache's key), in the order of each group's
+    first pair."""
     groups: dict[Optional[str], list[Pair]] = defaultdict(list)
     for p in pairs:
         groups[p.round0_group].append(p)
@@ -182,7 +183,9 @@ def _failure(job: Any, what: str) -> Optional[str]:
 
 def execute_slurm(todo: list[Pair], settings: SlurmConfig, out: Path, console: Console) -> dict[str, Optional[str]]:
     """Submit the pairs ``todo`` as Slurm jobs (with their round-0 jobs) and wait for all of them; returns each
-    pair's error (None: it finished), by :attr:`~cosmos_pl.compare.plan.Pair.key`, as :func:`~cosmos_pl.compare.pairs.execute_pairs` does."""
+    pair's error (None: it finished), by :attr:`~cosmos_pl.compare.plan.Pair.key`, as
+    :func:`~cosmos_pl.compare.pairs.execute_pairs` does. The pairs share a round-0 job by their
+    :attr:`~cosmos_pl.compare.plan.Pair.round0_group`, which the plan set (``--launcher slurm``)."""
     errors: dict[str, Optional[str]] = {}
     if not todo:
         return errors
