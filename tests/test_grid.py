@@ -198,17 +198,22 @@ def test_grid_md_says_at_each_point_how_cosmos_clustered_and_where_it_fell_back(
 
 
 def test_an_algorithm_is_read_at_every_point_when_its_runs_are_the_same_objects_at_each():
+    from dataclasses import replace
     from pathlib import Path
 
-    from cosmos_pl.compare.grid import GridPlan, read_everywhere
-    from cosmos_pl.compare.pairs import Pair
+    from cosmos_pl.compare.grid import read_everywhere
+    from cosmos_pl.compare.plan import ComparePlan, Pair, Point
+    from cosmos_pl.compare.wandb_runs import TableRun
 
     def pair(name, seed):
         return Pair(name, seed, Path("runs") / f"{name}-seed{seed}", "")
 
     local = [pair("local", 0), pair("local", 1)]  # shared by both points
     comet = [[pair("comet", 0), pair("comet", 1)], [pair("comet", 0), pair("comet", 1)]]  # a run per point
-    points = [({"num_clusters": k}, Path(f"p{k}"), comet[j] + local) for j, k in enumerate((3, 5))]
-    plan = GridPlan([("num_clusters", [3, 5])], points, comet[0] + comet[1] + local, {"num_clusters": ["local"]})
+    points = tuple(Point({"num_clusters": k}, Path(f"p{k}"), tuple(comet[j] + local)) for j, k in enumerate((3, 5)))
+    plan = ComparePlan(Path("out"), ("comet", "local"), (0, 1), 1, "made-up", "top1",
+                       TableRun("out", "disabled", "cosmos-pl", None, (), "top1"), None,
+                       (("num_clusters", [3, 5]),), points, tuple(comet[0] + comet[1] + local),
+                       {"num_clusters": ["local"]})
     assert read_everywhere(plan) == frozenset({"local"})
-    assert read_everywhere(GridPlan(plan.grid, points[:1], plan.unique, plan.skipped)) == frozenset()
+    assert read_everywhere(replace(plan, points=points[:1])) == frozenset()

@@ -1,14 +1,17 @@
-"""``cosmos-pl compare``: read the algorithms, seeds and jobs, make every pair (at every grid point), run them and
+"""``cosmos-pl compare``: read the algorithms, seeds and jobs, plan every pair (at every grid point), run them and
 write the report.
 
-:func:`run_compare` checks everything before any pair starts (the names, the lists, every pair's config at every
-point), then locks ``--out`` and runs the pairs (:mod:`cosmos_pl.compare.pairs`); with ``--grid`` the pairs of every
-point of the grid (:mod:`cosmos_pl.compare.grid`), each distinct pair once, then each point's report and the grid's.
+:func:`run_compare` turns the config into one plan first (:func:`make_plan`: the names, the lists, every pair's
+config at every point, checked before any pair starts; :mod:`cosmos_pl.compare.plan`), then locks ``--out`` and runs
+the plan's pairs (:mod:`cosmos_pl.compare.pairs`, or Slurm jobs: :mod:`cosmos_pl.compare.slurm`); with ``--grid``
+the pairs of every point of the grid (:mod:`cosmos_pl.compare.grid`), each distinct pair once, then each point's
+report and the grid's. Only :func:`make_plan` reads the config; what runs and reports reads the plan.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -18,7 +21,6 @@ from rich.console import Console
 
 from cosmos_pl.algorithms import algorithm_class
 from cosmos_pl.compare.grid import (
-    GridPlan,
     algorithm_setting,
     check_keys,
     grid_counts,
@@ -30,16 +32,17 @@ from cosmos_pl.compare.grid import (
     settings_for,
     write_grid_report,
 )
-from cosmos_pl.compare.pairs import Pair, execute_pairs, finished, pair_configs, report_pairs
+from cosmos_pl.compare.pairs import execute_pairs, pair_configs, report_pairs
+from cosmos_pl.compare.plan import ComparePlan, Pair, Point
 from cosmos_pl.compare.report import PairResult, summarize
-from cosmos_pl.compare.wandb_runs import comparison_name, log_comparison, with_group
+from cosmos_pl.compare.wandb_runs import comparison_name, log_comparison, table_run, with_group
 from cosmos_pl.config import CompareConfig, SlurmConfig, check_seed
 from cosmos_pl.errors import ConfigError, check
 from cosmos_pl.report import log_console
 from cosmos_pl.runs.locks import FolderLock
 from cosmos_pl.runs.run_directory import create_folder
 
-__all__ = ["run_compare", "CompareResult", "plan_grid", "run_grid", "execute"]
+__all__ = ["run_compare", "CompareResult", "make_plan", "run_plan", "execute"]
 
 
 @dataclass
@@ -76,6 +79,27 @@ def run_compare(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPars
             a finished run made with a different config in ``--out``; all before any pair starts.
     """
     console = console or log_console()  # without a terminal: whole lines, not wrapped at 80 columns
+    plan = make_plan(cfg, parser, fit_parser)
+    if plan.dry_run:
+        todo = plan.todo()
+        if plan.grid:
+            print_grid_plan(plan, todo, console)
+        else:
+            console.print(f"dry run: {_counts(plan, todo, 'would run')}")
+        return CompareResult([], plan.out)
+    create_folder(plan.out, "--out")
+    with FolderLock(plan.out, "--out"):  # one compare per folder: a second would delete the pairs the first runs
+        return CompareResult(run_plan(plan, console), plan.out)
+
+
+def make_plan(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser) -> ComparePlan:
+    """The comparison ``cfg`` (parsed by the ``compare`` ``parser``) as a plan: every pair's ``fit`` config,
+    checked with ``fit_parser`` as ``fit`` checks it, at every point of ``--grid``; writes nothing.
+
+    Raises:
+        ConfigError: an unknown algorithm name, a bad list, a bad pair setting, a bad ``--grid`` key or value
+            (naming its point), or an ``--out`` that is a file.
+    """
     algorithms = _split(cfg.algorithms, str, "algorithms") or list(cfg.comparison.algorithms)
     for name in algorithms:
         algorithm_class(name, "--algorithms")
@@ -90,22 +114,16 @@ def run_compare(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPars
     slurm = _slurm_settings(cfg)
     threads = None if slurm is None else slurm.cpus_per_job  # a Slurm job's pair uses its CPUs unless told otherwise
     grid = parse_grid(cfg.get("grid") or [])
+    common = dict(out=out, algorithms=tuple(algorithms), seeds=tuple(seeds), jobs=jobs,
+                  title=Path(str((cfg.get("config") or ["compare"])[-1])).stem, headline_metric=cfg.headline_metric,
+                  table_run=table_run(cfg, out), slurm=slurm, dry_run=bool(cfg.get("dry_run")))
     if grid:  # every point's pairs checked before anything is written
-        plan = plan_grid(cfg, parser, fit_parser, out, algorithms, seeds, jobs, grid, threads)
-        if cfg.get("dry_run"):
-            print_grid_plan(plan, [p for p in plan.unique if not finished(p)], out, algorithms, seeds, jobs, console)
-            return CompareResult([], out)
-        create_folder(out, "--out")
-        with FolderLock(out, "--out"):
-            return CompareResult(run_grid(cfg, plan, out, algorithms, seeds, jobs, console, fit_parser), out)
-    pairs = pair_configs(cfg, parser, fit_parser, out, algorithms, seeds, jobs, threads=threads)
-    if cfg.get("dry_run"):
-        todo = [p for p in pairs if not finished(p)]
-        console.print(f"dry run: {_counts(pairs, todo, out, algorithms, seeds, jobs, 'would run')}")
-        return CompareResult([], out)
-    create_folder(out, "--out")
-    with FolderLock(out, "--out"):  # one compare per folder: a second would delete the pairs the first runs
-        return _run_pairs(cfg, pairs, out, algorithms, seeds, jobs, console, fit_parser)
+        points, unique, skipped = _plan_grid(cfg, parser, fit_parser, out, algorithms, seeds, jobs, grid, threads,
+                                             round0_groups=slurm is not None)
+        return ComparePlan(**common, grid=tuple(grid), points=points, unique=unique, skipped=skipped)
+    pairs = tuple(pair_configs(cfg, parser, fit_parser, out, algorithms, seeds, jobs, threads=threads,
+                               round0_groups=slurm is not None))
+    return ComparePlan(**common, grid=(), points=(Point({}, out, pairs),), unique=pairs, skipped={})
 
 
 def _slurm_settings(cfg: Namespace) -> Optional[SlurmConfig]:
@@ -115,47 +133,12 @@ def _slurm_settings(cfg: Namespace) -> Optional[SlurmConfig]:
     return SlurmConfig(**cfg.slurm.clone().as_dict())
 
 
-def execute(cfg: Namespace, todo: list[Pair], jobs: int, out: Path, fit_parser: ArgumentParser,
-            console: Console) -> dict[str, Optional[str]]:
-    """Run the pairs ``todo`` where ``--launcher`` says: on this machine (``jobs`` side by side) or as Slurm
-    jobs (:mod:`cosmos_pl.compare.slurm`); returns each pair's error (None: it finished) by its key. First the
-    settings compare filled in for the pairs (:attr:`~cosmos_pl.compare.pairs.Pair.note`), once each."""
-    for note in dict.fromkeys(p.note for p in todo if p.note):  # one unless a grid sweeps an executor setting
-        console.print("\n".join(line[2:] for line in note.splitlines()), markup=False, highlight=False)
-    slurm = _slurm_settings(cfg)
-    if slurm is None:
-        return execute_pairs(todo, jobs, console)
-    from cosmos_pl.compare.slurm import execute_slurm
-
-    if todo:  # the count line above speaks of --jobs, which Slurm's resources replace
-        console.print(f"--launcher slurm ({slurm.cluster}): each pair a job of {slurm.cpus_per_job} CPU(s) and "
-                      f"{slurm.gpus_per_job} GPU(s) for up to {slurm.time_min} min, --jobs does not apply")
-    return execute_slurm(todo, slurm, out, fit_parser, console)
-
-
-def _run_pairs(cfg: Namespace, pairs: list[Pair], out: Path, algorithms: list[str], seeds: list[int], jobs: int,
-               console: Console, fit_parser: ArgumentParser) -> CompareResult:
-    """:func:`run_compare` inside its locked ``--out`` folder: run what is not finished, then the report."""
-    todo = [p for p in pairs if not finished(p)]
-    console.print(f"[bold]cosmos-pl compare[/bold]: {_counts(pairs, todo, out, algorithms, seeds, jobs)}")
-    errors = execute(cfg, todo, jobs, out, fit_parser, console)
-    results = report_pairs(cfg, pairs, errors, out, algorithms, console)
-    return CompareResult(results, out)
-
-
-def _counts(pairs: list[Pair], todo: list[Pair], out: Path, algorithms: list[str], seeds: list[int], jobs: int,
-            verb: str = "to run") -> str:
-    """What a compare (or its dry run, ``verb`` "would run") is about to do, in one line."""
-    return (f"{len(pairs)} pairs ({', '.join(dict.fromkeys(algorithms))} x seeds {seeds}); {len(pairs) - len(todo)} "
-            f"already finished in {out}, {len(todo)} {verb}, {jobs} at a time")
-
-
-def plan_grid(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser, out: Path, algorithms: list[str],
-              seeds: list[int], jobs: int, grid: list[tuple[str, list[Any]]],
-              threads: Optional[int] = None) -> GridPlan:
-    """Every point's pairs, each checked as ``fit`` checks a config; writes nothing. ``threads``: each pair's torch
-    threads where ``executor.threads_per_worker`` is unset (a Slurm job's CPUs; None: this machine's cores split
-    between ``jobs``; :func:`~cosmos_pl.compare.pairs.fill_executor`).
+def _plan_grid(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser, out: Path, algorithms: list[str],
+               seeds: list[int], jobs: int, grid: list[tuple[str, list[Any]]], threads: Optional[int], *,
+               round0_groups: bool) -> tuple[tuple[Point, ...], tuple[Pair, ...], dict[str, list[str]]]:
+    """Every point's pairs, each checked as ``fit`` checks a config: the points, each distinct pair once, and per
+    swept algorithm setting the algorithms that do not take it. ``threads`` and ``round0_groups``: as
+    :func:`~cosmos_pl.compare.pairs.pair_configs` takes them.
 
     Raises:
         ConfigError: a bad key (:func:`~cosmos_pl.compare.grid.check_keys`) or a bad value at some point, naming
@@ -163,22 +146,21 @@ def plan_grid(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser
     skipped = check_keys(grid, cfg, algorithms)
     name = comparison_name(cfg, out)
     points, seen, unique = [], {}, []
-    for point in grid_points(grid):
+    for values in grid_points(grid):
         point_cfg = cfg.clone()
         settings = {}
-        for key, value in point.items():
+        for key, value in values.items():
             setting = algorithm_setting(key, cfg)
             if setting is None:
                 point_cfg[key] = value
             else:
                 settings[setting] = value
-        folder = out / point_name(point)
         try:
-            pairs = pair_configs(point_cfg, parser, fit_parser, folder, algorithms, seeds, jobs,
+            pairs = pair_configs(point_cfg, parser, fit_parser, out / point_name(values), algorithms, seeds, jobs,
                                  settings_for(algorithms, settings), out / "round0",
-                                 group=f"{name}/{point_name(point)}", threads=threads)
+                                 group=f"{name}/{point_name(values)}", threads=threads, round0_groups=round0_groups)
         except ConfigError as err:
-            raise ConfigError(f"--grid point {point_name(point)}: {err}") from None
+            raise ConfigError(f"--grid point {point_name(values)}: {err}") from None
         shared = []
         for p in pairs:  # an algorithm the sweep leaves alone has the same config at every point: run it once
             config = yaml.safe_load(p.config_yaml)
@@ -189,32 +171,59 @@ def plan_grid(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentParser
                 seen[identity] = p
                 unique.append(p)
             shared.append(seen[identity])
-        points.append((point, folder, shared))
-    uses: dict[int, int] = {}
-    for _, _, shared in points:
-        for p in set(map(id, shared)):
-            uses[p] = uses.get(p, 0) + 1
-    for p in unique:  # a pair that serves several points is the comparison's, not one point's
-        if uses[id(p)] > 1:
-            p.config_yaml = with_group(p.config_yaml, name)
-    return GridPlan(grid, points, unique, skipped)
+        points.append((values, out / point_name(values), shared))
+    uses = Counter(i for _, _, shared in points for i in set(map(id, shared)))
+    # a pair that serves several points is the comparison's, not one point's: the same new object at each point
+    regrouped = {id(p): replace(p, config_yaml=with_group(p.config_yaml, name), wandb_group=name)
+                 for p in unique if uses[id(p)] > 1}
+    final = [regrouped.get(id(p), p) for p in unique]
+    return (tuple(Point(values, folder, tuple(regrouped.get(id(p), p) for p in shared))
+                  for values, folder, shared in points), tuple(final), skipped)
 
 
-def run_grid(cfg: Namespace, plan: GridPlan, out: Path, algorithms: list[str], seeds: list[int], jobs: int,
-             console: Console, fit_parser: ArgumentParser) -> list[PairResult]:
-    """Run every distinct pair of ``plan`` once (skipping finished ones, resuming interrupted ones), then each
-    point's report and the grid's; returns every point's pair results (the CLI exits 1 when any failed)."""
-    todo = [p for p in plan.unique if not finished(p)]
-    console.print(f"[bold]cosmos-pl compare --grid[/bold]: {grid_counts(plan, out, algorithms, seeds, jobs, todo)}")
-    errors = execute(cfg, todo, jobs, out, fit_parser, console)
-    config_name = Path(str((cfg.get("config") or ["compare"])[-1])).stem
+def execute(plan: ComparePlan, todo: list[Pair], console: Console) -> dict[str, Optional[str]]:
+    """Run the pairs ``todo`` where ``plan`` says: on this machine (``plan.jobs`` side by side) or as Slurm
+    jobs (:mod:`cosmos_pl.compare.slurm`); returns each pair's error (None: it finished) by its key. First the
+    settings compare filled in for the pairs (:attr:`~cosmos_pl.compare.plan.Pair.note`), once each."""
+    for note in dict.fromkeys(p.note for p in todo if p.note):  # one unless a grid sweeps an executor setting
+        console.print("\n".join(line[2:] for line in note.splitlines()), markup=False, highlight=False)
+    slurm = plan.slurm
+    if slurm is None:
+        return execute_pairs(todo, plan.jobs, console)
+    from cosmos_pl.compare.slurm import execute_slurm
+
+    if todo:  # the count line above speaks of --jobs, which Slurm's resources replace
+        console.print(f"--launcher slurm ({slurm.cluster}): each pair a job of {slurm.cpus_per_job} CPU(s) and "
+                      f"{slurm.gpus_per_job} GPU(s) for up to {slurm.time_min} min, --jobs does not apply")
+    return execute_slurm(todo, slurm, plan.out, console)
+
+
+def run_plan(plan: ComparePlan, console: Console) -> list[PairResult]:
+    """Inside the locked ``plan.out``: run every distinct pair of ``plan`` not finished yet (resuming interrupted
+    ones), then the report (with ``--grid``, each point's and the grid's); returns every point's pair results (the
+    CLI exits 1 when any failed)."""
+    todo = plan.todo()
+    if not plan.grid:
+        console.print(f"[bold]cosmos-pl compare[/bold]: {_counts(plan, todo)}")
+        errors = execute(plan, todo, console)
+        return report_pairs(plan, list(plan.unique), errors, plan.out, console)
+    console.print(f"[bold]cosmos-pl compare --grid[/bold]: {grid_counts(plan, todo)}")
+    errors = execute(plan, todo, console)
     results, tables = [], []
-    for point, folder, pairs in plan.points:
-        folder.mkdir(parents=True, exist_ok=True)
-        title = f"{config_name}, {point_name(point)}: {', '.join(dict.fromkeys(algorithms))}"
-        got = report_pairs(cfg, pairs, errors, folder, algorithms, console, title, log_table=False)
+    for point in plan.points:
+        point.folder.mkdir(parents=True, exist_ok=True)
+        title = f"{plan.title}, {point_name(point.values)}: {', '.join(dict.fromkeys(plan.algorithms))}"
+        got = report_pairs(plan, list(point.pairs), errors, point.folder, console, title, log_table=False)
         results += got
-        tables.append((point, summarize(got, metric=cfg.headline_metric), point_notes(point, plan.skipped)))
-    write_grid_report(plan, tables, out, config_name, cfg.headline_metric, console)
-    log_comparison(cfg, out, comparison_name(cfg, out), [(point_name(point), folder) for point, folder, _ in plan.points])
+        tables.append((point.values, summarize(got, metric=plan.headline_metric),
+                       point_notes(point.values, plan.skipped)))
+    write_grid_report(plan, tables, console)
+    log_comparison(plan.table_run, plan.out, [(point_name(p.values), p.folder) for p in plan.points])
     return results
+
+
+def _counts(plan: ComparePlan, todo: list[Pair], verb: str = "to run") -> str:
+    """What a compare without a grid (or its dry run, ``verb`` "would run") is about to do, in one line."""
+    pairs = plan.unique
+    return (f"{len(pairs)} pairs ({', '.join(dict.fromkeys(plan.algorithms))} x seeds {list(plan.seeds)}); "
+            f"{len(pairs) - len(todo)} already finished in {plan.out}, {len(todo)} {verb}, {plan.jobs} at a time")

@@ -23,7 +23,6 @@ import difflib
 import inspect
 import itertools
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,12 +31,13 @@ from jsonargparse import Namespace
 from rich.console import Console
 
 from cosmos_pl.algorithms import algorithm_class
+from cosmos_pl.compare.plan import ComparePlan, Pair
 from cosmos_pl.compare.report import AlgorithmRow, comparison_markdown, plus_minus
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.files import atomic_write_text
 
 __all__ = ["parse_grid", "grid_points", "point_name", "algorithm_setting", "takes", "check_keys", "settings_for",
-           "GridPlan", "read_everywhere", "grid_counts", "print_grid_plan", "point_notes", "grid_lines",
+           "read_everywhere", "grid_counts", "print_grid_plan", "point_notes", "grid_lines",
            "grid_markdown", "NO_VALIDATION", "validation_markdown", "clustering_markdown", "plot_grid",
            "write_grid_report"]
 
@@ -167,51 +167,39 @@ def check_keys(grid: list[tuple[str, list[Any]]], cfg: Namespace, algorithms: li
     return skipped
 
 
-@dataclass
-class GridPlan:
-    """Every point of a grid with its pairs (a pair shared by points is the same object), checked before any runs."""
-
-    grid: list[tuple[str, list[Any]]]
-    points: list[tuple[dict[str, Any], Path, list[Any]]]  # (point, its folder, its pairs)
-    unique: list[Any]  # each distinct pair once
-    skipped: dict[str, list[str]]  # per algorithm setting, the algorithms that do not take it
-
-
-def read_everywhere(plan: GridPlan) -> frozenset[str]:
+def read_everywhere(plan: ComparePlan) -> frozenset[str]:
     """The algorithms whose pairs are the same runs at every point of ``plan`` (the sweep does not touch them);
     none with fewer than 2 points."""
     if len(plan.points) < 2:
         return frozenset()
-    per_point = [{p.algorithm: frozenset(id(q) for q in pairs if q.algorithm == p.algorithm) for p in pairs}
-                 for _, _, pairs in plan.points]
+    per_point = [{p.algorithm: frozenset(id(q) for q in point.pairs if q.algorithm == p.algorithm)
+                  for p in point.pairs} for point in plan.points]
     names = set().union(*per_point)
     return frozenset(n for n in names if len({runs.get(n) for runs in per_point}) == 1)
 
 
-def grid_counts(plan: GridPlan, out: Path, algorithms: list[str], seeds: list[int], jobs: int, todo: list[Any],
-                verb: str = "to run") -> str:
+def grid_counts(plan: ComparePlan, todo: list[Pair], verb: str = "to run") -> str:
     """What a grid compare (or its dry run, ``verb`` "would run") is about to do, in one line; ``todo``: the
     distinct pairs not finished yet."""
-    return (f"{len(plan.points)} points x {len(algorithms)} algorithms x {len(seeds)} seeds: {len(plan.unique)} "
-            f"distinct pairs, {len(plan.unique) - len(todo)} already finished in {out}, {len(todo)} {verb}, {jobs} at "
-            "a time")
+    return (f"{len(plan.points)} points x {len(plan.algorithms)} algorithms x {len(plan.seeds)} seeds: "
+            f"{len(plan.unique)} distinct pairs, {len(plan.unique) - len(todo)} already finished in {plan.out}, "
+            f"{len(todo)} {verb}, {plan.jobs} at a time")
 
 
-def print_grid_plan(plan: GridPlan, todo: list[Any], out: Path, algorithms: list[str], seeds: list[int], jobs: int,
-                    console: Console) -> None:
+def print_grid_plan(plan: ComparePlan, todo: list[Pair], console: Console) -> None:
     """``--dry_run``: the counts, then a line per point naming the pairs of ``todo`` (the distinct pairs not
     finished yet) that would run in its folder (a pair shared with an earlier point runs there) and, per swept
     setting, the algorithms that do not take it (one run serves every value); runs nothing and writes nothing under
-    ``out``."""
-    console.print(f"dry run, --grid: {grid_counts(plan, out, algorithms, seeds, jobs, todo, 'would run')}")
+    ``plan.out``."""
+    console.print(f"dry run, --grid: {grid_counts(plan, todo, 'would run')}")
     owner: dict[int, Path] = {}
-    for point, folder, pairs in plan.points:
-        for p in pairs:
-            owner.setdefault(id(p), folder)
+    for point in plan.points:
+        for p in point.pairs:
+            owner.setdefault(id(p), point.folder)
     waiting = {id(p) for p in todo}
-    for point, folder, pairs in plan.points:
-        here = [p.label for p in pairs if owner[id(p)] == folder and id(p) in waiting]
-        console.print(f"  {point_name(point)}: {len(here)} to run" + (f" ({', '.join(here)})" if here else ""))
+    for point in plan.points:
+        here = [p.label for p in point.pairs if owner[id(p)] == point.folder and id(p) in waiting]
+        console.print(f"  {point_name(point.values)}: {len(here)} to run" + (f" ({', '.join(here)})" if here else ""))
     for setting, names in plan.skipped.items():
         if names:
             console.print(f"  {setting} is not swept for {', '.join(names)}: one run serves every value of "
@@ -372,10 +360,11 @@ def plot_grid(tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]]
     tmp.replace(path)
 
 
-def write_grid_report(plan: GridPlan, tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]], out: Path,
-                      title: str, metric: str, console: Console) -> None:
-    """Write ``out/grid.md`` (:func:`grid_markdown`) and one figure per swept setting, ``out/grid_<name>.png``
-    (:func:`plot_grid`), from every point's table, and say where they are."""
+def write_grid_report(plan: ComparePlan, tables: list[tuple[dict[str, Any], list[AlgorithmRow], list[str]]],
+                      console: Console) -> None:
+    """Write ``plan.out/grid.md`` (:func:`grid_markdown`) and one figure per swept setting,
+    ``plan.out/grid_<name>.png`` (:func:`plot_grid`), from every point's table, and say where they are."""
+    out, title, metric = plan.out, plan.title, plan.headline_metric
     atomic_write_text(out / "grid.md", grid_markdown(tables, title, metric, read_everywhere(plan)))
     for key, values in plan.grid:
         plot_grid(tables, key, values, out / f"grid_{_short(key)}.png", title, metric, plan.skipped)

@@ -28,7 +28,6 @@ import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -40,9 +39,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cosmos_pl.algorithms import COSMOS, algorithm_class
 from cosmos_pl.class_groups import parse_args
+from cosmos_pl.compare.plan import ComparePlan, Pair, finished, run_settings
 from cosmos_pl.compare.report import PairResult, clustering_of, write_report
 from cosmos_pl.compare.wandb_runs import comparison_name, log_comparison
-from cosmos_pl.config import validate_config
+from cosmos_pl.config import round0_key, validate_config
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.execution.devices import available_cpus, physical_gpu
 from cosmos_pl.files import atomic_write_text
@@ -55,34 +55,6 @@ __all__ = ["Pair", "fill_executor", "pair_configs", "finished", "gpu_slots", "la
 
 _COMPARE_ONLY = ("algorithms", "seeds", "jobs", "out", "config", "comparison", "overwrite", "grid", "dry_run",
                  "launcher", "slurm")
-# keys of pair.yaml that do not change a run's numbers (and are absent from older pair.yaml files); failures
-# settings only act when a client fails, which a finished run would have recorded; paths, so that an --out
-# folder may be moved; the headline metric, which the report reads from metrics.csv (both metrics are there); W&B
-# (where the run is logged, and its group, which names the comparison)
-_NOT_RUN_SETTINGS = ("overwrite", "resume", "checkpoint", "failures", "run_dir", "round0_cache", "headline_metric",
-                     "wandb")
-
-
-@dataclass
-class Pair:
-    """One (algorithm, seed) pair of a comparison: its run directory and its resolved ``fit`` config (YAML);
-    ``note``: YAML comment lines written above the config in ``pair.yaml``, naming the settings compare filled in
-    (:func:`fill_executor`), empty when it filled none."""
-
-    algorithm: str
-    seed: int
-    run_dir: Path
-    config_yaml: str
-    note: str = ""
-
-    @property
-    def label(self) -> str:
-        return f"{self.algorithm} seed {self.seed}"
-
-    @property
-    def key(self) -> str:
-        """The pair's run directory as text: unique in a comparison (a grid's points share labels)."""
-        return str(self.run_dir)
 
 
 def fill_executor(executor: dict[str, Any], defaults: dict[str, Any], jobs: int,
@@ -130,7 +102,7 @@ def pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPar
                  algorithms: list[str], seeds: list[int], jobs: int,
                  algorithm_settings: Optional[dict[str, dict[str, Any]]] = None,
                  round0: Optional[Path] = None, group: Optional[str] = None,
-                 threads: Optional[int] = None) -> list[Pair]:
+                 threads: Optional[int] = None, *, round0_groups: bool = False) -> list[Pair]:
     """Resolve every pair's ``fit`` config and check it as ``fit`` does (parse, build, :func:`validate_config`)
     before anything runs. ``algorithm_settings``: per name of ``algorithms``, init settings given to that algorithm
     on top of its own (a grid point's); ``round0``: the round-0 cache folder (default ``out/round0``); ``group``:
@@ -138,7 +110,9 @@ def pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPar
     their W&B job type being the algorithm's short name; ``threads``: a Slurm job's CPUs, the torch threads of a
     pair whose ``executor.threads_per_worker`` the user left unset (None: this machine's cores split between
     ``jobs``). The executor settings the user gave are kept; those compare fills in are named at the top of
-    ``pair.yaml`` (:attr:`Pair.note`, :func:`fill_executor`)."""
+    ``pair.yaml`` (:attr:`~cosmos_pl.compare.plan.Pair.note`, :func:`fill_executor`). With ``round0_groups``
+    (``--launcher slurm``) each pair's :attr:`~cosmos_pl.compare.plan.Pair.round0_group` is its
+    :func:`~cosmos_pl.config.round0_key`, read from the config checked here."""
     base = yaml.safe_load(parser.dump(cfg, skip_unset=False))
     for key in _COMPARE_ONLY:
         base.pop(key, None)
@@ -147,6 +121,7 @@ def pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPar
     executor, why = fill_executor(base["executor"], defaults, jobs, threads)
     note = "".join(f"# {line}\n" for line in ["cosmos-pl compare filled in these settings, which were left unset:",
                                                *(f"  {w}" for w in why)]) if why else ""
+    group = group or comparison_name(cfg, out)
     pairs = []
     for name in algorithms:
         cls = algorithm_class(name)
@@ -162,7 +137,7 @@ def pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPar
             pair_cfg = {**base, "seed": seed, "run_dir": str(run_dir), "round0_cache": str(round0 or out / "round0"),
                         "algorithm": {"class_path": f"{cls.__module__}.{cls.__name__}", "init_args": init_args},
                         "executor": executor,
-                        "wandb": {**base["wandb"], "group": group or comparison_name(cfg, out), "job_type": cls.name}}
+                        "wandb": {**base["wandb"], "group": group, "job_type": cls.name}}
             text = yaml.safe_dump(pair_cfg, sort_keys=False)
             # parse, build and check every setting now: a bad one fails here, before any pair trains
             try:
@@ -172,31 +147,9 @@ def pair_configs(cfg: Namespace, parser: ArgumentParser, fit_parser: ArgumentPar
                     raise
                 raise ConfigError(f"comparison.settings.{name}: {err}") from None
             validate_config(fit_parser.instantiate(checked))
-            pairs.append(Pair(cls.name, seed, run_dir, fit_parser.dump(checked, skip_unset=False), note))
+            key = round0_key(checked, int(checked.executor.threads_per_worker)) if round0_groups else None
+            pairs.append(Pair(cls.name, seed, run_dir, fit_parser.dump(checked, skip_unset=False), note, key, group))
     return pairs
-
-
-def _run_settings(text: str) -> Any:
-    settings = yaml.safe_load(text) or {}
-    for key in _NOT_RUN_SETTINGS:
-        settings.pop(key, None)
-    return settings
-
-
-def finished(pair: Pair) -> bool:
-    """Whether ``pair`` finished in an earlier compare (its ``summary.json`` is there) under the same settings.
-
-    Raises:
-        ConfigError: a finished run of the pair made with a different config is in its run directory.
-    """
-    summary, saved = pair.run_dir / "summary.json", pair.run_dir / "pair.yaml"
-    if not summary.is_file():
-        return False
-    if not saved.is_file() or _run_settings(saved.read_text()) != _run_settings(pair.config_yaml):
-        raise ConfigError(f"--out={str(pair.run_dir.parent.parent)!r}: {pair.run_dir} holds a finished run of "
-                          f"{pair.label} made with a different config; compare into a new --out folder "
-                          f"(or delete that run directory)")
-    return True
 
 
 def rounds_done(pair: Pair) -> int:
@@ -212,7 +165,7 @@ def _resumable(pair: Pair) -> bool:
     saved = pair.run_dir / "pair.yaml"
     return (saved.is_file() and (pair.run_dir / "config.yaml").is_file()
             and checkpoint.latest_round(pair.run_dir) is not None
-            and _run_settings(saved.read_text()) == _run_settings(pair.config_yaml))
+            and run_settings(saved.read_text()) == run_settings(pair.config_yaml))
 
 
 # the pairs' processes now running, so that a SIGTERM/SIGINT to compare reaches them (they save and exit)
@@ -298,21 +251,20 @@ def _result(pair: Pair, error: Optional[str]) -> PairResult:
                       clusters=clustering_of(summary))
 
 
-def report_pairs(cfg: Namespace, pairs: list[Pair], errors: dict[str, Optional[str]], out: Path,
-                 algorithms: list[str], console: Console, title: Optional[str] = None,
-                 log_table: bool = True) -> list[PairResult]:
-    """Read every pair's records and write the report into ``out``; returns the pairs' results. With
-    ``log_table`` (a comparison, not one point of a grid) the table also goes to W&B in a run of its own
+def report_pairs(plan: ComparePlan, pairs: list[Pair], errors: dict[str, Optional[str]], out: Path,
+                 console: Console, title: Optional[str] = None, *, log_table: bool = True) -> list[PairResult]:
+    """Read every pair's records and write the report of ``plan``'s comparison into ``out`` (``title``: the
+    report's, default ``<config name>: <algorithms>``); returns the pairs' results. With ``log_table`` (a
+    comparison, not one point of a grid) the table also goes to W&B in a run of its own
     (:func:`~cosmos_pl.compare.wandb_runs.log_comparison`; not with ``--wandb.mode disabled``)."""
     results = [_result(p, errors.get(p.key)) for p in pairs]
     for r in results:
         if r.error:
             console.print(f"[red]{r.algorithm} seed {r.seed} failed[/red]: {r.error}")
-    config_name = Path(str((cfg.get("config") or ["compare"])[-1])).stem
-    title = title or f"{config_name}: {', '.join(dict.fromkeys(algorithms))}"
-    write_report(results, out, title, cfg.headline_metric)
+    title = title or f"{plan.title}: {', '.join(dict.fromkeys(plan.algorithms))}"
+    write_report(results, out, title, plan.headline_metric)
     if log_table:
-        log_comparison(cfg, out, comparison_name(cfg, out))
+        log_comparison(plan.table_run, out)
     console.print((out / "comparison.md").read_text(), markup=False, highlight=False, soft_wrap=True)
     console.print(f"report: {out / 'comparison.md'}, {out / 'communication.md'}, {out / 'accuracy_vs_round.png'}")
     return results
@@ -320,7 +272,7 @@ def report_pairs(cfg: Namespace, pairs: list[Pair], errors: dict[str, Optional[s
 
 def execute_pairs(todo: list[Pair], jobs: int, console: Console) -> dict[str, Optional[str]]:
     """Run the pairs ``todo``, ``jobs`` side by side; returns each pair's error (None: it finished), by
-    :attr:`Pair.key`.
+    :attr:`~cosmos_pl.compare.plan.Pair.key`.
 
     On a terminal a bar per pair shows its round; without one, a line when a pair starts and ends and, every
     :func:`~cosmos_pl.progress.line_every_s` seconds, one line with the running pairs' rounds (each as the run

@@ -33,12 +33,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Optional
 
-from jsonargparse import ArgumentParser
 from rich.console import Console
 
-from cosmos_pl.class_groups import parse_args
 from cosmos_pl.compare.pairs import RUNNING, Pair, failure_line, launch, run_logged
-from cosmos_pl.config import SlurmConfig, round0_key
+from cosmos_pl.config import SlurmConfig
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.files import atomic_write_text
 from cosmos_pl.progress import line_every_s
@@ -155,12 +153,13 @@ def make_executor(settings: SlurmConfig, folder: Path) -> Any:
     return executor
 
 
-def _round0_groups(pairs: list[Pair], fit_parser: ArgumentParser) -> dict[str, list[Pair]]:
-    """The pairs grouped by the settings that decide their round 0 (the round-0 cache's key)."""
-    groups: dict[str, list[Pair]] = defaultdict(list)
+def _round0_groups(pairs: list[Pair]) -> dict[Optional[str], list[Pair]]:
+    """The pairs grouped by the settings that decide their round 0
+    (:attr:`~cosmos_pl.compare.plan.Pair.round0_group`, the round-0 cache's key), in the order of each group's
+    first pair."""
+    groups: dict[Optional[str], list[Pair]] = defaultdict(list)
     for p in pairs:
-        cfg = parse_args(fit_parser, ["--config", p.config_yaml])
-        groups[round0_key(cfg, int(cfg.executor.threads_per_worker))].append(p)
+        groups[p.round0_group].append(p)
     return groups
 
 
@@ -182,10 +181,11 @@ def _failure(job: Any, what: str) -> Optional[str]:
     return None if error is None else f"{error} (Slurm log: {log})"
 
 
-def execute_slurm(todo: list[Pair], settings: SlurmConfig, out: Path, fit_parser: ArgumentParser,
-                  console: Console) -> dict[str, Optional[str]]:
+def execute_slurm(todo: list[Pair], settings: SlurmConfig, out: Path, console: Console) -> dict[str, Optional[str]]:
     """Submit the pairs ``todo`` as Slurm jobs (with their round-0 jobs) and wait for all of them; returns each
-    pair's error (None: it finished), by :attr:`~cosmos_pl.compare.pairs.Pair.key`, as :func:`~cosmos_pl.compare.pairs.execute_pairs` does."""
+    pair's error (None: it finished), by :attr:`~cosmos_pl.compare.plan.Pair.key`, as
+    :func:`~cosmos_pl.compare.pairs.execute_pairs` does. The pairs share a round-0 job by their
+    :attr:`~cosmos_pl.compare.plan.Pair.round0_group`, which the plan set (``--launcher slurm``)."""
     errors: dict[str, Optional[str]] = {}
     if not todo:
         return errors
@@ -208,7 +208,7 @@ def execute_slurm(todo: list[Pair], settings: SlurmConfig, out: Path, fit_parser
         console.print(f"waiting for {len(jobs)} Slurm job(s) an earlier compare submitted: "
                       + ", ".join(f"{Path(key).name} ({job.job_id})" for key, job in jobs.items()))
     try:
-        _submit(waiting, settings, executor, folder, out, fit_parser, jobs, recorded, console)
+        _submit(waiting, settings, executor, folder, out, jobs, recorded, console)
     except (OSError, subprocess.CalledProcessError) as err:  # no sbatch here, or Slurm refused the job
         reason = " ".join(str(err).split())[:300]
         raise ConfigError(f"--launcher slurm: the jobs could not be submitted ({type(err).__name__}: {reason}); "
@@ -222,10 +222,10 @@ def execute_slurm(todo: list[Pair], settings: SlurmConfig, out: Path, fit_parser
 
 
 def _submit(waiting: list[Pair], settings: SlurmConfig, executor: Any, folder: Path, out: Path,
-            fit_parser: ArgumentParser, jobs: dict[str, Any], recorded: dict[str, str], console: Console) -> None:
+            jobs: dict[str, Any], recorded: dict[str, str], console: Console) -> None:
     """Submit each round-0 group's round-0 job and its pairs' job array into ``jobs`` (by run directory), recording the
     ids in ``folder/jobs.json``."""
-    groups = list(_round0_groups(waiting, fit_parser).values())
+    groups = list(_round0_groups(waiting).values())
     round0_jobs = []
     for k, group in enumerate(groups):  # every round 0 first: they run side by side
         first = group[0]

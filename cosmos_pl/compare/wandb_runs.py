@@ -13,13 +13,14 @@ OUT/wandb/offline-run-*`` uploads a comparison later.
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import yaml
 from jsonargparse import Namespace
 
-__all__ = ["comparison_name", "with_group", "log_comparison"]
+__all__ = ["comparison_name", "with_group", "TableRun", "table_run", "log_comparison"]
 
 
 def comparison_name(cfg: Namespace, out: Path) -> str:
@@ -33,6 +34,26 @@ def with_group(config_yaml: str, group: str) -> str:
     config = yaml.safe_load(config_yaml)
     config.setdefault("wandb", {})["group"] = group
     return yaml.safe_dump(config, sort_keys=False)
+
+
+@dataclass(frozen=True)
+class TableRun:
+    """The W&B settings of a comparison's table run: its ``name`` (the comparison's, :func:`comparison_name`),
+    ``mode`` (``offline``, ``online`` or ``disabled``), ``project``, ``entity`` (None: the default), ``tags`` and
+    the report's ``headline_metric``."""
+
+    name: str
+    mode: str
+    project: str
+    entity: Optional[str]
+    tags: tuple[str, ...]
+    headline_metric: str
+
+
+def table_run(cfg: Namespace, out: Path) -> TableRun:
+    """The table run of the comparison ``cfg`` (the ``compare`` config) writing into ``out``."""
+    return TableRun(comparison_name(cfg, out), cfg.wandb.mode, cfg.wandb.project, cfg.wandb.entity,
+                    tuple(cfg.wandb.tags), cfg.headline_metric)
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[list[Any]]]:
@@ -51,21 +72,21 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[Any]]]:
         return header, [[cell(c) for c in row] for row in reader]
 
 
-def log_comparison(cfg: Namespace, out: Path, name: str, points: Optional[list[tuple[str, Path]]] = None) -> None:
-    """Log the comparison's table run (nothing with ``--wandb.mode disabled``): ``out/comparison.csv`` as the
+def log_comparison(run: TableRun, out: Path, points: Optional[list[tuple[str, Path]]] = None) -> None:
+    """Log the comparison's table run ``run`` (nothing with ``--wandb.mode disabled``): ``out/comparison.csv`` as the
     table ``comparison``; with ``points`` (a grid: each point's name and folder), every point's comparison.csv
     as the table ``grid``, a ``point`` column first.
 
     Raises:
         TrackingError: W&B cannot start (as for a run: online without a key, the server not reached).
     """
-    if cfg.wandb.mode == "disabled":
+    if run.mode == "disabled":
         return
     from cosmos_pl.tracking import Tracker
 
-    config = {"comparison": name, "out": str(out), "headline_metric": cfg.headline_metric}
-    tracker = Tracker(cfg.wandb.mode, out, config, cfg.wandb.project, cfg.wandb.entity, f"{name}-comparison",
-                      list(cfg.wandb.tags), group=name, job_type="comparison", by_round=False)
+    config = {"comparison": run.name, "out": str(out), "headline_metric": run.headline_metric}
+    tracker = Tracker(run.mode, out, config, run.project, run.entity, f"{run.name}-comparison", list(run.tags),
+                      group=run.name, job_type="comparison", by_round=False)
     try:
         if points is None:
             header, rows = _read_csv(out / "comparison.csv")
