@@ -15,7 +15,7 @@ from cosmos_pl.algorithms import COSMOS
 from cosmos_pl.data import FashionMNIST, GroupDirichlet, build_federation
 from cosmos_pl.training.client import ClientConfig
 from cosmos_pl.execution.executor import ExecutorConfig
-from cosmos_pl.federated.runner import Runner
+from cosmos_pl.federated.runner import Runner, RunSettings
 from cosmos_pl.training.config import TrainerConfig
 from cosmos_pl.transforms import Transformations
 
@@ -44,8 +44,9 @@ def build_runner(clients: int, public: int, per_client: int = 480, clients_per_g
                                  distill_optimizer=adam(LR_PSEUDO))
     algorithm = COSMOS(teacher_backbone=TEACHER_BACKBONE, teacher_batch_size=32, teacher_epochs=1,
                        teacher_optimizer=adam(LR_PSEUDO))
-    runner = Runner(fed, algorithm, client_config, rounds=2, seed=0, transformations=Transformations(translate=2),
-                    trainer=TrainerConfig(accelerator="auto"), executor=executor)
+    runner = Runner(fed, algorithm, client_config, RunSettings(
+        rounds=2, seed=0, transformations=Transformations(translate=2), trainer=TrainerConfig(accelerator="auto"),
+        executor=executor))
     groups = fed.partition.groups
     algorithm.set_clusters([[i for i in range(clients) if groups[i] == g] for g in sorted(set(groups.tolist()))])
     return runner
@@ -110,8 +111,9 @@ def ptc_uploads(config: Path, seed: int, num_clients: int, cache: Path, round0: 
     seed_everything(init.seed, verbose=False)
     _, federation = init.data.build(init.seed)
     algorithm = Uploads(teacher_backbone=init.algorithm.teacher_backbone)
-    runner = Runner(federation, algorithm, init.clients, rounds=1, seed=init.seed, transformations=init.transformations,
-                    trainer=init.trainer, executor=init.executor, communication=init.communication)
+    runner = Runner(federation, algorithm, init.clients, RunSettings(
+        rounds=1, seed=init.seed, transformations=init.transformations, trainer=init.trainer, executor=init.executor,
+        communication=init.communication))
     try:
         runner.pretrain(round0, round0_key(cfg, runner.executor.threads))
         runner.train_round(1)

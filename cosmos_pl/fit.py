@@ -96,7 +96,7 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
 
     from cosmos_pl.runs import checkpoint
     from cosmos_pl.runs.recorder import Recorder
-    from cosmos_pl.federated.runner import Runner, ServerData
+    from cosmos_pl.federated.runner import Runner, RunSettings, ServerData
     from cosmos_pl.report import log_console, plot_run, print_table
     from cosmos_pl.tracking import Tracker
 
@@ -130,14 +130,14 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
             run_dir.write_text("config.yaml", config_yaml)
         console.print(f"[bold]cosmos-pl[/bold] {algorithm.name} on {name}: {data_cfg.num_clients} clients, "
                       f"|U| = {len(server.public_x)}, M = {len(server.classes)}; run directory {run_path}")
-        runner = Runner(
-            server, algorithm, init.clients, rounds=init.rounds, seed=init.seed,
+        settings = RunSettings(
+            rounds=init.rounds, seed=init.seed, clients_per_round=init.get("clients_per_round"),
+            evaluate_every=init.evaluate_every, headline_metric=init.headline_metric,
             transformations=init.transformations, trainer=init.trainer, executor=init.executor,
-            communication=init.communication, recorder=Recorder(run_dir, tracker), console=console,
-            failures=init.failures, checkpoints=init.checkpoint,
-            checkpoint_meta={"config_hash": settings_hash, "wandb_run_id": tracker.run_id},
-            headline_metric=init.headline_metric, evaluate_every=init.evaluate_every,
-            clients_per_round=init.get("clients_per_round"), device=device,
+            communication=init.communication, failures=init.failures, checkpoints=init.checkpoint)
+        runner = Runner(
+            server, algorithm, init.clients, settings, recorder=Recorder(run_dir, tracker), console=console,
+            checkpoint_meta={"config_hash": settings_hash, "wandb_run_id": tracker.run_id}, device=device,
             transport=None if transport is None else functools.partial(
                 transport, config_yaml=config_yaml, num_clients=init.data.num_clients))
         infos, facts = runner.clients.infos, runner.clients.simulation()

@@ -30,7 +30,7 @@ from cosmos_pl.data import (
 from cosmos_pl.errors import ConfigError, DataError, UserError
 from test_data import FixedCounts  # the hand-made partitioner of test_data.py
 from cosmos_pl.training.client import ClientConfig
-from cosmos_pl.federated.runner import Runner
+from cosmos_pl.federated.runner import Runner, RunSettings
 from cosmos_pl.training.config import TrainerConfig
 from cosmos_pl.training.inference import evaluate
 from cosmos_pl.report import mean_sem
@@ -89,7 +89,7 @@ def test_round_mean_leaves_out_a_client_without_test_samples():
                      partition=Partition([np.array([0, 1]), np.array([2, 3]), np.array([4, 5])]),
                      partition_labels=np.array([0, 1, 1, 2, 0, 0]), num_classes=3, classes=["a", "b", "c"],
                      in_chans=1, image_shape=(8, 8))
-    runner = Runner(fed, LocalOnly(), ClientConfig(backbones=["test_efficientnet"]), rounds=1, trainer=CPU)
+    runner = Runner(fed, LocalOnly(), ClientConfig(backbones=["test_efficientnet"]), RunSettings(rounds=1, trainer=CPU))
     try:
         for c in runner.clients.clients:  # the in-process clients' models
             c.model = AlwaysClassZero()

@@ -35,7 +35,7 @@ from cosmos_pl.execution.task_failure import TaskFailure  # noqa: E402
 from cosmos_pl.runs.recorder import Recorder  # noqa: E402
 from cosmos_pl.runs.run_directory import RunDirectory  # noqa: E402
 from cosmos_pl.flower import node, node_data, node_state, server_app, wire  # noqa: E402
-from cosmos_pl.federated.runner import Runner, ServerData  # noqa: E402
+from cosmos_pl.federated.runner import Runner, RunSettings, ServerData  # noqa: E402
 from cosmos_pl.flower.replies import NodesMissing  # noqa: E402
 from cosmos_pl.flower.server import FlowerClients  # noqa: E402
 from cosmos_pl.objectives.wire import steps_from_wire, steps_to_wire  # noqa: E402
@@ -223,7 +223,7 @@ def _runner(run_yaml, tmp_path, contexts, join_timeout_s):
     transport = functools.partial(_HelloClients, grid=_Grid(contexts), config_yaml=run_yaml, num_clients=6,
                                   join_timeout_s=join_timeout_s)
     return Runner(ServerData(federation.public_x, federation.classes), init.algorithm, init.clients,
-                  rounds=init.rounds, seed=init.seed, trainer=init.trainer, executor=init.executor,
+                  RunSettings(rounds=init.rounds, seed=init.seed, trainer=init.trainer, executor=init.executor),
                   console=Console(quiet=True), recorder=Recorder(RunDirectory.prepare(tmp_path / "run")),
                   transport=transport)
 

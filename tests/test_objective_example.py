@@ -16,7 +16,7 @@ import torch
 from cosmos_pl.algorithms import FedAvg
 from cosmos_pl.data import Digits, Federation, GroupDirichlet, build_federation
 from cosmos_pl.execution.executor import ExecutorConfig
-from cosmos_pl.federated.runner import Runner
+from cosmos_pl.federated.runner import Runner, RunSettings
 from cosmos_pl.objectives.wire import steps_from_wire, steps_to_wire
 from cosmos_pl.training.client import ClientConfig
 from cosmos_pl.training.config import TrainerConfig
@@ -46,8 +46,9 @@ def _round(algorithm, federation: Federation) -> list[dict[str, torch.Tensor]]:
     adam = functools.partial(torch.optim.Adam, lr=1e-3)
     clients = ClientConfig(backbones=["test_efficientnet"], pretrain_epochs=1, local_epochs=1, batch_size=32,
                            optimizer=adam, distill_optimizer=adam)
-    runner = Runner(federation, algorithm, clients, rounds=1, seed=0, trainer=TrainerConfig(accelerator="cpu"),
-                    executor=ExecutorConfig(kind="sequential", threads_per_worker=1))
+    runner = Runner(federation, algorithm, clients, RunSettings(
+        rounds=1, seed=0, trainer=TrainerConfig(accelerator="cpu"),
+        executor=ExecutorConfig(kind="sequential", threads_per_worker=1)))
     runner.pretrain()
     runner.train_round(1)
     return [runner.clients.clients[i].model.state_dict() for i in range(len(runner.clients.infos))]

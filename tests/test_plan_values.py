@@ -30,7 +30,7 @@ from cosmos_pl.data import ClientData, Federation
 from cosmos_pl.data.partition import Partition
 from cosmos_pl.federated import initial_models
 from cosmos_pl.execution.executor import ExecutorConfig
-from cosmos_pl.federated.runner import Runner
+from cosmos_pl.federated.runner import Runner, RunSettings
 from cosmos_pl.training.client import ClientConfig
 from cosmos_pl.training.config import TrainerConfig
 from cosmos_pl.transforms import Transformations
@@ -71,9 +71,9 @@ def _runner(federation: Federation, algorithm, build, lr: float, distill_lr: flo
                            distill_optimizer=functools.partial(torch.optim.SGD, lr=distill_lr))
     # the clients' initial models (built as the runner is) and the server's own copies (reference weights) alike
     with mock.patch.object(initial_models, "create_backbone", lambda *args: build()):
-        return TinyRunner(federation, algorithm, clients, rounds=2, transformations=NO_AUGMENTATION,
-                          trainer=TrainerConfig(accelerator="cpu"),
-                          executor=ExecutorConfig(kind="sequential", threads_per_worker=1))
+        return TinyRunner(federation, algorithm, clients, RunSettings(
+            rounds=2, transformations=NO_AUGMENTATION, trainer=TrainerConfig(accelerator="cpu"),
+            executor=ExecutorConfig(kind="sequential", threads_per_worker=1)))
 
 
 def _linear() -> nn.Module:

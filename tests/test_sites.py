@@ -178,7 +178,7 @@ def test_the_server_side_holds_no_client_tensor_after_a_round(exported, tmp_path
     from rich.console import Console
 
     from cosmos_pl.runs.recorder import Recorder
-    from cosmos_pl.federated.runner import Runner
+    from cosmos_pl.federated.runner import Runner, RunSettings
 
     parser = build_fit_parser()
     init = parser.instantiate(parser.parse_args(["--config", str(CONFIG), *FLAGS, "--clients.pretrain_epochs", "1",
@@ -187,9 +187,9 @@ def test_the_server_side_holds_no_client_tensor_after_a_round(exported, tmp_path
     transport = functools.partial(_LocalFlowerClients, grid=_Nodes(contexts), mode="deployment", config_yaml=parser.dump(
         parser.parse_args(["--config", str(CONFIG), *FLAGS, "--clients.pretrain_epochs", "1",
                            "--algorithm.init_args.ptc_epochs", "1"]), skip_unset=False), num_clients=3)
-    runner = Runner(ServerData(*load_public(exported / "public.npz")), init.algorithm, init.clients, rounds=1,
-                    seed=init.seed, trainer=init.trainer, executor=init.executor, console=Console(quiet=True),
-                    recorder=Recorder(), transport=transport)
+    runner = Runner(ServerData(*load_public(exported / "public.npz")), init.algorithm, init.clients,
+                    RunSettings(rounds=1, seed=init.seed, trainer=init.trainer, executor=init.executor),
+                    console=Console(quiet=True), recorder=Recorder(), transport=transport)
     runner.pretrain()
     runner.evaluate(0, "local-only")
     runner.evaluate(1, "PTC", runner.train_round(1))

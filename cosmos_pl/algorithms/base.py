@@ -146,6 +146,17 @@ class Algorithm:
         """
         raise NotImplementedError
 
+    def weight_receivers(self, served: list[int], sampled: list[int], targets: dict[int, Any]) -> list[int]:
+        """The clients that load the server's weights at this round's
+        :class:`~cosmos_pl.objectives.protocol.LoadWeights` step (default: ``served``).
+
+        Args:
+            served: the clients sampled this round that are still running and have a target, ascending.
+            sampled: the clients sampled this round (every client without ``clients_per_round``), ascending.
+            targets: the server step's targets by client id (:attr:`ServerResult.targets`).
+        """
+        return served
+
     def eval_models(self, client: int) -> dict[str, nn.Module]:
         """Models scored for ``client`` besides its own f_i, by name (COSMOS: ``{"teacher": h_pi(i)}``)."""
         return {}

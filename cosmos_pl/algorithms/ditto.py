@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from torch import nn
 
 from cosmos_pl.algorithms.base import Algorithm, ServerResult, check_setting
-from cosmos_pl.algorithms.fedavg import require_one_backbone, weighted_average
+from cosmos_pl.algorithms.fedavg import global_model_receivers, require_one_backbone, weighted_average
 from cosmos_pl.communication import state_dict_bytes
 from cosmos_pl.models.personal import PersonalAndGlobal
 
@@ -65,6 +65,9 @@ class Ditto(Algorithm):
         personal = self.ctx.local_epochs if self.personal_epochs is None else self.personal_epochs
         return [StartGlobal(), ProxFit(personal, self.lambda_), LocalFit(self.ctx.local_epochs, part="shared"),
                 Upload("weights"), LoadWeights()]
+
+    def weight_receivers(self, served: list[int], sampled: list[int], targets: dict[int, Any]) -> list[int]:
+        return global_model_receivers(served, sampled, targets)  # every client holds the global model
 
     def server_step(self, rnd: int, uploads: dict[int, Any]) -> ServerResult:
         average = weighted_average(uploads, dict(enumerate(self.ctx.client_sizes)))

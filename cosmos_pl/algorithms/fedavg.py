@@ -25,7 +25,7 @@ from cosmos_pl.errors import ConfigError
 if TYPE_CHECKING:
     from cosmos_pl.algorithms.base import Step
 
-__all__ = ["FedAvg", "weighted_average", "require_one_backbone"]
+__all__ = ["FedAvg", "global_model_receivers", "weighted_average", "require_one_backbone"]
 
 
 def require_one_backbone(algorithm: str, backbones: list[str]) -> None:
@@ -38,6 +38,14 @@ def require_one_backbone(algorithm: str, backbones: list[str]) -> None:
     if len(names) > 1:
         raise ConfigError(f"algorithm {algorithm} averages parameters, so every client needs the same backbone, but "
                           f"clients.backbones gives {names}: give one name (e.g. clients.backbones: [{names[0]}])")
+
+
+def global_model_receivers(served: list[int], sampled: list[int], targets: dict[int, Any]) -> list[int]:
+    """Parameter averaging keeps one global model that every client holds: ``served`` (the sampled clients still
+    running), then the clients not sampled this round that have a target, so that one starts from the global model
+    when next sampled. Their bytes are not counted: a round's bytes per client are those of a client that took
+    part. Without ``clients_per_round`` every client is sampled and this is ``served``."""
+    return served + [i for i in sorted(targets) if i not in sampled]
 
 
 def weighted_average(states: dict[int, dict[str, torch.Tensor]], sizes: dict[int, int]) -> dict[str, torch.Tensor]:
@@ -72,6 +80,9 @@ class FedAvg(Algorithm):
         from cosmos_pl.objectives.protocol import LoadWeights, Upload
 
         return [LocalFit(self.ctx.local_epochs), Upload("weights"), LoadWeights()]
+
+    def weight_receivers(self, served: list[int], sampled: list[int], targets: dict[int, Any]) -> list[int]:
+        return global_model_receivers(served, sampled, targets)
 
     def server_step(self, rnd: int, uploads: dict[int, Any]) -> ServerResult:
         average = weighted_average(uploads, dict(enumerate(self.ctx.client_sizes)))

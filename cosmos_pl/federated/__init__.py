@@ -1,6 +1,7 @@
 """The federated round: the one round loop every algorithm runs on, and the clients it runs with.
 
-- the round loop: :mod:`~cosmos_pl.federated.runner`, its round bookkeeping (:mod:`~cosmos_pl.federated.round_state`),
+- the round loop: :mod:`~cosmos_pl.federated.runner`, the settings it is built from
+  (:mod:`~cosmos_pl.federated.settings`), its round bookkeeping (:mod:`~cosmos_pl.federated.round_state`),
   the clients sampled per round (:mod:`~cosmos_pl.federated.sampling`), the uploads it accepts
   (:mod:`~cosmos_pl.federated.received`) and the round's scores and summary (:mod:`~cosmos_pl.federated.evaluation`);
 - the clients: one interface (:mod:`~cosmos_pl.federated.clients`), built from what the server lets them see

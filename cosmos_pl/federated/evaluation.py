@@ -11,33 +11,82 @@ validation) split has an undefined (NaN) accuracy, never 0: the means and SEMs s
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from cosmos_pl.federated.clients import ClientInfo, Scores
 from cosmos_pl.federated.failures import Failure
 from cosmos_pl.report import METRIC_LABEL, mean_sem
 
-__all__ = ["ACC_KEYS", "round_rows", "round_line", "summarize_run", "structure_columns", "with_adjusted_rand_index"]
+__all__ = ["ACC_KEYS", "RoundOutcome", "RunRecord", "round_rows", "round_line", "summarize_run", "structure_columns",
+           "with_adjusted_rand_index"]
 
 ACC_KEYS = ("teacher_acc", "client_acc", "teacher_top5", "client_top5", "teacher_val_acc", "client_val_acc",
             "teacher_prior_acc")
 
 
-def round_rows(rnd: int, phase: str, infos: list[ClientInfo], scores: Scores, clusters: dict[int, Optional[int]],
-               failed: dict[int, Failure], scored: str, num_clusters: Optional[int], comm: dict[str, int],
-               losses: dict[str, float]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``(round row, client rows)`` of round ``rnd`` from the clients' ``scores``.
+@dataclass
+class RoundOutcome:
+    """What one round ended with, as its records are made from it (:func:`round_rows`).
 
-    Args:
-        clusters: each client's cluster (None: none). failed: this round's failures by client.
-        scored: ``"teacher"`` or ``"client"``, the algorithm's headline model (the teacher where it was scored).
-        num_clusters: K after this round, or None. comm: the round's bytes per client. losses: its mean losses.
+    Attributes:
+        rnd: the round (0: local-only). phase: its label in the records.
+        scores: the clients' scores (:meth:`~cosmos_pl.federated.clients.Clients.end_round`).
+        clusters: each client's cluster (None: none).
+        failed: this round's failures by client.
+        num_clusters: K after this round, or None.
+        comm: the round's bytes per client (``upload_bytes_per_client``, ``download_bytes_per_client``; with sampled
+            clients ``clients_in_round``).
+        losses: the round's mean losses by name.
     """
+
+    rnd: int
+    phase: str
+    scores: Scores
+    clusters: dict[int, Optional[int]]
+    failed: dict[int, Failure]
+    num_clusters: Optional[int]
+    comm: dict[str, int]
+    losses: dict[str, float]
+
+
+@dataclass
+class RunRecord:
+    """What a run recorded over its rounds, which its summary is made from (:func:`summarize_run`).
+
+    Attributes:
+        rows: metrics.csv's rows, round 0 first. infos: the clients as they described themselves.
+        failures: every client failure of the run. clusters_info: clusters.json's record ({} without clusters).
+        extra_bytes: bytes per client beside the protocol's, per round: ``"evaluation"`` (models sent to be scored)
+            and ``"setup"`` (what nodes are sent once).
+        round_seconds: wall seconds per round. timer: the stages' seconds (``seconds``: per stage; ``by_round``:
+            per round, then stage). wall: the run's wall seconds.
+        rounds: R. public_samples: |U|. num_classes: M.
+    """
+
+    rows: list[dict[str, Any]]
+    infos: list[ClientInfo]
+    failures: list[Failure]
+    clusters_info: dict[str, Any]
+    extra_bytes: dict[str, list[int]]
+    round_seconds: dict[int, float]
+    timer: Any
+    wall: float
+    rounds: int
+    public_samples: int
+    num_classes: int
+
+
+def round_rows(outcome: RoundOutcome, infos: list[ClientInfo],
+               scored: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(round row, client rows)`` of round ``outcome.rnd`` from the clients' scores, for the clients ``infos``;
+    ``scored``: ``"teacher"`` or ``"client"``, the algorithm's headline model (the teacher where it was scored)."""
+    rnd, scores, failed = outcome.rnd, outcome.scores, outcome.failed
     per_client = []
     for c in infos:
         test, val = scores.get((c.id, "test"), {}), scores.get((c.id, "val"))
         teacher, own = test.get("teacher", {}), test.get("client", {})
-        cluster = clusters.get(c.id)
+        cluster = outcome.clusters.get(c.id)
         failure = failed.get(c.id)
         row = {"round": rnd, "client": c.id, "backbone": c.backbone, "cluster": -1 if cluster is None else cluster,
                "teacher_acc": teacher.get("top1"), "client_acc": own.get("top1"),
@@ -50,14 +99,14 @@ def round_rows(rnd: int, phase: str, infos: list[ClientInfo], scores: Scores, cl
             row.update(teacher_val_acc=val.get("teacher", {}).get("top1"), client_val_acc=val.get("client", {}).get(
                 "top1"))
         per_client.append(row)
-    row: dict[str, Any] = {"round": rnd, "phase": phase, "num_clusters": num_clusters}
+    row: dict[str, Any] = {"round": rnd, "phase": outcome.phase, "num_clusters": outcome.num_clusters}
     covered = {}
     for key in ACC_KEYS:
         if any(key in r for r in per_client):
             stats = mean_sem([r.get(key) for r in per_client])  # skips None and NaN (no test samples)
             row[f"{key}_mean"], row[f"{key}_sem"] = (stats["mean"], stats["sem"]) if stats["n"] else (None, None)
             covered[key] = stats["n"]
-    row.update(comm)
+    row.update(outcome.comm)
     row["failed_clients"] = len(failed)
     head = "teacher" if scored == "teacher" and row.get("teacher_acc_mean") is not None else "client"
     row["personalized_acc_mean"], row["personalized_acc_sem"] = row[f"{head}_acc_mean"], row[f"{head}_acc_sem"]
@@ -68,7 +117,7 @@ def round_rows(rnd: int, phase: str, infos: list[ClientInfo], scores: Scores, cl
     if f"{head}_top5_mean" in row:  # M >= 20: the top-5 headline (the paper's metric for Tiny ImageNet)
         row["personalized_top5_mean"] = row[f"{head}_top5_mean"]
         row["personalized_top5_sem"] = row[f"{head}_top5_sem"]
-    row.update(losses)
+    row.update(outcome.losses)
     return row, per_client
 
 
@@ -81,13 +130,13 @@ def round_line(row: dict[str, Any], n: int) -> str:
     return f"round {row['round']} ({row['phase']}): teacher h_pi(i) {teacher}  client f_i {client}{note}"
 
 
-def summarize_run(rows: list[dict[str, Any]], algorithm: Any, headline_metric: str, clusters_info: dict[str, Any],
-                  comm: Any, rounds: int, public_samples: int, num_classes: int, extra_bytes: dict[str, list[int]],
-                  infos: list[ClientInfo], failures: list[Failure], wall: float, timer: Any,
-                  round_seconds: dict[int, float]) -> dict[str, Any]:
-    """The run's summary: the headline (final round), the best round (by the headline metric; reported beside
-    final, never used to select anything), round 0, clusters, communication (per round and total; the protocol's
-    bytes apart from those of models sent to be scored and of what nodes are sent once) and timings."""
+def summarize_run(record: RunRecord, algorithm: Any, headline_metric: str, comm: Any) -> dict[str, Any]:
+    """The run's summary: the headline (final round), the best round (by ``headline_metric``, ``top1`` or
+    ``top5``; reported beside final, never used to select anything), round 0, clusters, communication (per round
+    and total, uploads encoded per ``comm``; the protocol's bytes apart from those of models sent to be scored and
+    of what nodes are sent once) and timings, for ``algorithm`` (its ``name``, ``scored`` model and teacher)."""
+    rows, infos, clusters_info, extra_bytes = record.rows, record.infos, record.clusters_info, record.extra_bytes
+    timer = record.timer
 
     def entry(row: dict[str, Any]) -> dict[str, Any]:
         out = {"round": row["round"]}
@@ -110,8 +159,9 @@ def summarize_run(rows: list[dict[str, Any]], algorithm: Any, headline_metric: s
         "upload_bytes_per_client_per_round": max(up), "download_bytes_per_client_per_round": max(down),
         "upload_bytes_per_client_total": round(sum(u * f for u, f in zip(up, share))),
         "download_bytes_per_client_total": round(sum(d * f for d, f in zip(down, share))),
-        "upload_dtype": comm.upload_dtype, "top_k": comm.top_k, "rounds": rounds, "public_samples": public_samples,
-        "num_classes": num_classes, "parameter_bytes_per_client": [c.parameters * 4 for c in infos],
+        "upload_dtype": comm.upload_dtype, "top_k": comm.top_k, "rounds": record.rounds,
+        "public_samples": record.public_samples, "num_classes": record.num_classes,
+        "parameter_bytes_per_client": [c.parameters * 4 for c in infos],
         # beside the protocol's (the paper's Table 4 counts pseudo-labels only): the models sent to clients to be
         # scored there, and what nodes are sent once (U, the config)
         "evaluation_bytes_per_client_per_round": max(evaluation, default=0),
@@ -135,11 +185,11 @@ def summarize_run(rows: list[dict[str, Any]], algorithm: Any, headline_metric: s
                      "structure": clusters_info.get("structure")},
         "communication": communication,
         "num_clients": len(infos),
-        "failures": [f.as_dict() for f in failures],
+        "failures": [f.as_dict() for f in record.failures],
         "backbones": {"clients": [c.backbone for c in infos], "teacher": getattr(algorithm, "teacher_backbone", None)},
-        "wall_seconds": round(wall, 2),
+        "wall_seconds": round(record.wall, 2),
         "stage_seconds": {k: round(v, 2) for k, v in timer.seconds.items()},
-        "round_seconds": {str(k): round(v, 2) for k, v in round_seconds.items()},
+        "round_seconds": {str(k): round(v, 2) for k, v in record.round_seconds.items()},
         "stage_seconds_by_round": {r: {k: round(v, 2) for k, v in st.items()} for r, st in timer.by_round.items()},
     }
 

@@ -83,12 +83,11 @@ class InProcessClients(Clients):
             server_model_bytes: float32 bytes of the largest server-side model (a teacher; 0 without one).
 
         Raises:
-            ConfigError: the clients cannot run ``algorithm`` (:meth:`Algorithm.validate`), or ``/dev/shm`` cannot
-                hold the data of the parallel workers asked for (:meth:`Executor.plan_shared_memory`).
+            ConfigError: ``/dev/shm`` cannot hold the data of the parallel workers asked for
+                (:meth:`Executor.plan_shared_memory`).
         """
         runtime, data = view.runtime, view.data
         backbones = [client_backbone(runtime.clients.backbones, i) for i in range(federation.num_clients)]
-        algorithm.validate(backbones)
         models = [initial_model(algorithm, name, i, runtime.seed, data.num_classes, data.in_chans, data.image_shape)
                   for i, name in enumerate(backbones)]
         # a client's data is the same all run: each worker is sent it once and keeps it (and one GPU copy)

@@ -26,17 +26,17 @@ from torch import nn
 
 from cosmos_pl import signals
 from cosmos_pl.algorithms.base import Algorithm, FederationContext, ServerResult
-from cosmos_pl.communication import CommunicationConfig
 from cosmos_pl.data import Federation
+from cosmos_pl.errors import ConfigError
 from cosmos_pl.federated import faults
 from cosmos_pl.runs import checkpoint
-from cosmos_pl.runs.checkpoint import CheckpointConfig
+from cosmos_pl.runs.checkpoint import capture_rng, restore_rng
 from cosmos_pl.federated.clients import Clients
-from cosmos_pl.federated.evaluation import (round_line, round_rows, structure_columns, summarize_run,
-                                            with_adjusted_rand_index)
-from cosmos_pl.execution.executor import Executor, ExecutorConfig
+from cosmos_pl.federated.evaluation import (RoundOutcome, RunRecord, round_line, round_rows, structure_columns,
+                                            summarize_run, with_adjusted_rand_index)
+from cosmos_pl.execution.executor import Executor
 from cosmos_pl.execution.task_failure import TaskFailure
-from cosmos_pl.federated.failures import FailureConfig, RoundFailed
+from cosmos_pl.federated.failures import Failure, RoundFailed
 from cosmos_pl.federated.in_process import InProcessClients
 from cosmos_pl.federated.initial_models import seeded_backbone
 from cosmos_pl.federated.received import accept_uploads
@@ -45,6 +45,7 @@ from cosmos_pl.federated.round_state import RoundState
 from cosmos_pl.federated.sampling import sampled_clients
 from cosmos_pl.federated.server_data import ServerData
 from cosmos_pl.federated.server_view import ServerView
+from cosmos_pl.federated.settings import RunSettings
 from cosmos_pl.execution.tasks import TaskRunner
 from cosmos_pl.models import check_backbones
 from cosmos_pl.models.personal import shared_weights
@@ -53,67 +54,60 @@ from cosmos_pl.objectives.runtime import ClientRuntime
 from cosmos_pl.objectives.step import ClientStep
 from cosmos_pl.report import log_console
 from cosmos_pl.training.client import ClientConfig
-from cosmos_pl.training.config import TrainerConfig, stage_seed
-from cosmos_pl.transforms import Transformations
+from cosmos_pl.training.config import stage_seed
 from cosmos_pl.uploads import UploadSpec, public_fingerprint
 
-__all__ = ["Runner", "ServerData"]
+__all__ = ["Runner", "RunSettings", "ServerData"]
 
 
 class Runner:
-    """Runs one algorithm: round 0, then ``rounds`` rounds of the algorithm's plan, over ``transport``'s clients.
-
-    The keyword arguments not listed below are the settings of the stages, the executor, uploads, records, failures
-    and checkpoints.
+    """Runs one algorithm: round 0, then ``settings.rounds`` rounds of the algorithm's plan, over ``transport``'s
+    clients.
 
     Args:
         federation: a simulation's federation (its clients are then in-process), or with a ``transport`` the
             server's data alone (:class:`ServerData`: U and the class list).
-        algorithm: the method; set up once the clients are known (:meth:`Algorithm.setup`).
+        algorithm: the method; checked against the clients' backbones (:meth:`Algorithm.validate`) and set up
+            (:meth:`Algorithm.setup`) once the clients are known.
         clients: the clients' settings (backbones, epochs, optimizers).
-        rounds: R >= 1, communication rounds after round 0.
-        seed: the experiment seed; every stage is seeded from (seed, round, stage, id).
+        settings: the rounds, seed, sampling, evaluation and the sections' settings (:class:`RunSettings`).
+        recorder: the run's records (default: kept in memory only).
+        console: where lines are printed (default: :func:`cosmos_pl.report.log_console`).
+        checkpoint_meta: plain values every checkpoint holds beside the state (config hash, W&B run id).
         transport: ``(view) -> Clients``, the clients over another transport (Flower), built from a
             :class:`~cosmos_pl.federated.server_view.ServerView`; default in-process
             (:meth:`~cosmos_pl.federated.in_process.InProcessClients.build`). With ``$COSMOS_PL_TEST_FAULTS`` set,
             the clients are wrapped with the test faults (:func:`cosmos_pl.federated.faults.wrap`).
-        evaluate_every: score the clients every this many rounds, or ``"final"`` (round 0 and the final round
-            always).
-        headline_metric: ``top1`` or ``top5`` (M >= 20): what summary.json's headline and best round are judged by.
         device: what the stages train on (:func:`cosmos_pl.training.cuda_check.describe_device`), kept in
             summary.json as ``device``; None: not recorded.
 
     Raises:
         ValueError: bad settings, or a federation the algorithm cannot run (naming the field and the fix).
         ConfigError: a client's or the server's backbone cannot take the images (a dry forward pass of each
-            distinct backbone before any model is trained, :func:`cosmos_pl.models.check_backbones`).
+            distinct backbone before any model is trained, :func:`cosmos_pl.models.check_backbones`), or the
+            clients' backbones cannot run the algorithm.
     """
 
-    def __init__(self, federation: Federation | ServerData, algorithm: Algorithm, clients: ClientConfig, *,
-                 rounds: int, seed: int = 0, transformations: Optional[Transformations] = None,
-                 trainer: Optional[TrainerConfig] = None, executor: Optional[ExecutorConfig] = None,
-                 communication: Optional[CommunicationConfig] = None, recorder: Optional[Recorder] = None,
-                 console: Optional[Console] = None, failures: Optional[FailureConfig] = None,
-                 checkpoints: Optional[CheckpointConfig] = None, checkpoint_meta: Optional[dict[str, Any]] = None,
-                 headline_metric: str = "top1", evaluate_every: int | str = 1,
-                 clients_per_round: Optional[int | float] = None,
+    def __init__(self, federation: Federation | ServerData, algorithm: Algorithm, clients: ClientConfig,
+                 settings: RunSettings, *, recorder: Optional[Recorder] = None, console: Optional[Console] = None,
+                 checkpoint_meta: Optional[dict[str, Any]] = None,
                  transport: Optional[Callable[[ServerView], Clients]] = None,
                  device: Optional[dict[str, Any]] = None) -> None:
-        if rounds < 1:
-            raise ValueError(f"rounds={rounds}: at least 1 communication round is needed")
+        if settings.rounds < 1:
+            raise ValueError(f"rounds={settings.rounds}: at least 1 communication round is needed")
         if not clients.backbones:
             raise ValueError("clients.backbones is empty: give at least one timm/torchvision name")
         self.server = federation if isinstance(federation, ServerData) else \
             ServerData(federation.public_x, list(federation.classes))
-        self.algorithm, self.client_config, self.rounds, self.seed = algorithm, clients, rounds, seed
-        self.trainer, self.comm = trainer or TrainerConfig(), communication or CommunicationConfig()
+        self.algorithm, self.client_config, self.rounds, self.seed = algorithm, clients, settings.rounds, settings.seed
+        self.trainer, self.comm = settings.trainer, settings.communication
         self.recorder, self.console = recorder or Recorder(), console or log_console()
-        self.failure_cfg, self.checkpoint_cfg = failures or FailureConfig(), checkpoints or CheckpointConfig()
-        self.checkpoint_meta, self.headline_metric = dict(checkpoint_meta or {}), headline_metric
-        self.evaluate_every, self.clients_per_round = evaluate_every, clients_per_round
+        self.failure_cfg, self.checkpoint_cfg = settings.failures, settings.checkpoints
+        self.checkpoint_meta, self.headline_metric = dict(checkpoint_meta or {}), settings.headline_metric
+        self.evaluate_every, self.clients_per_round = settings.evaluate_every, settings.clients_per_round
         self.device = device  # what the stages train on (fit's first line), kept in summary.json
         self.taking_part: Optional[list[int]] = None  # this round's sampled clients (None: every client)
-        self.executor = Executor(executor or ExecutorConfig(), self.trainer.accelerator)
+        self.executor = Executor(settings.executor, self.trainer.accelerator)
         self.run_tasks = TaskRunner(self.executor, self.console, self.failure_cfg.timeout_s)
         self.public, self.round_seconds, self.clusters_info = self.server.public_x, {}, {}
         planned_faults = faults.load()  # test-only (none unless $COSMOS_PL_TEST_FAULTS is set); a bad one fails here
@@ -126,17 +120,27 @@ class Runner:
         check_backbones({**{f"clients.backbones[{j}]": name for j, name in enumerate(clients.backbones)},
                          **algorithm.server_backbones()},
                         self.server.num_classes, (self.server.in_chans, *self.server.image_shape))
-        self.runtime = ClientRuntime(seed, clients, transformations if transformations is not None else
-                                     Transformations(), self.trainer, self.public, self.server.num_classes)
+        self.runtime = ClientRuntime(settings.seed, clients, settings.transformations, self.trainer, self.public,
+                                     self.server.num_classes)
         if transport is None:
             transport = functools.partial(InProcessClients.build, federation=federation, executor=self.executor,
                                           algorithm=algorithm, server_model_bytes=lambda: self._server_model_bytes)
-        view = ServerView(self.server, self.fingerprint, self.comm, self.runtime, rounds, self.failure_cfg.timeout_s,
-                          self.console, self.recorder, self.run_tasks, self.reference, self._report_losses)
+        view = ServerView(self.server, self.fingerprint, self.comm, self.runtime, self.rounds,
+                          self.failure_cfg.timeout_s, self.console, self.recorder, self.run_tasks, self.reference,
+                          self._report_losses)
         # a deployment's clients have joined and described themselves; test faults (none in normal use) wrap them
         self.clients = faults.wrap(transport(view), planned_faults)
+        self.state = RoundState(self.failure_cfg, len(self.clients.infos), self.clients.fail, self.console.print)
+        try:
+            self._setup_algorithm()
+        except BaseException:  # clients the algorithm cannot run: their workers or nodes are let go
+            self._close()
+            raise
+
+    def _setup_algorithm(self) -> None:
+        """Check the clients' backbones against the algorithm (the one place for every transport: the clients have
+        described themselves by now), then set it up with what it may know of the federation."""
         infos = self.clients.infos
-        self.state = RoundState(self.failure_cfg, len(infos), self.clients.fail, self.console.print)
         self.algorithm.validate([c.backbone for c in infos])
         self.algorithm.setup(FederationContext(
             num_clients=len(infos), num_classes=self.server.num_classes, public=self.public,
@@ -236,11 +240,8 @@ class Runner:
             elif isinstance(step, ClientStep):  # training on the server's targets (its behaviour: the step's own)
                 if served:
                     self.state.record(rnd, step.stage, self.clients.train(rnd, step, served, result.targets))
-            elif isinstance(step, LoadWeights):
-                # FedAvg's global model: with clients_per_round every client holds it (one not sampled would be sent
-                # it when next sampled, before training); its bytes count for the clients that took part
-                loading = served + [i for i in sorted(result.targets) if i not in sampled] \
-                    if self.clients_per_round is not None and result is not None else served
+            elif isinstance(step, LoadWeights):  # who loads them is the algorithm's rule (weight_receivers)
+                loading = [] if result is None else self.algorithm.weight_receivers(served, sampled, result.targets)
                 for i, got in self.clients.load_weights(rnd, {i: result.targets[i] for i in loading}).items():
                     if isinstance(got, TaskFailure):
                         self.state.fail(rnd, i, got.step or "load weights", got.reason)
@@ -288,11 +289,14 @@ class Runner:
             self.state.check_fraction(rnd)
         for kind, value in self.clients.bytes(rnd).items():
             self.extra_bytes[kind].append(value)
-        info = self.algorithm.clustering_info() if rnd > 0 else None
-        comm = comm or {"upload_bytes_per_client": 0, "download_bytes_per_client": 0}
-        row, per_client = round_rows(rnd, phase, infos, scores, {c.id: self.algorithm.cluster_of(c.id) for c in infos},
-                                     self.state.failed, self.algorithm.scored, info["K"] if info else None, comm,
-                                     self.state.stage_losses.get(rnd, {}))
+        # the clustering as the server step left it (_write_clusters; a resume restores it): it changes only there
+        info = (self.clusters_info or None) if rnd > 0 else None
+        outcome = RoundOutcome(
+            rnd=rnd, phase=phase, scores=scores, clusters={c.id: self.algorithm.cluster_of(c.id) for c in infos},
+            failed=self.state.failed, num_clusters=info["K"] if info else None,
+            comm=comm or {"upload_bytes_per_client": 0, "download_bytes_per_client": 0},
+            losses=self.state.stage_losses.get(rnd, {}))
+        row, per_client = round_rows(outcome, infos, self.algorithm.scored)
         if self.clients_per_round is not None:  # which clients trained and uploaded this round (round 0: all)
             for r in per_client:
                 r["took_part"] = rnd == 0 or r["client"] in (self.taking_part or [])
@@ -349,10 +353,12 @@ class Runner:
     def summary(self, wall: float) -> dict[str, Any]:
         """The headline, the best round, round 0, clusters, communication and timings (:func:`summarize_run`), and
         the device the stages trained on where it was given, with the executor's workers and threads per task."""
-        summary = summarize_run(self.recorder.rows, self.algorithm, self.headline_metric, self.clusters_info,
-                                self.comm, self.rounds, len(self.public), self.server.num_classes, self.extra_bytes,
-                                self.clients.infos, self.state.failures, wall, self.run_tasks.timer,
-                                self.round_seconds)
+        record = RunRecord(
+            rows=self.recorder.rows, infos=self.clients.infos, failures=self.state.failures,
+            clusters_info=self.clusters_info, extra_bytes=self.extra_bytes, round_seconds=self.round_seconds,
+            timer=self.run_tasks.timer, wall=wall, rounds=self.rounds, public_samples=len(self.public),
+            num_classes=self.server.num_classes)
+        summary = summarize_run(record, self.algorithm, self.headline_metric, self.comm)
         if self.device is not None:  # with the executor's final choice: parallel workers (0: in this process)
             ex = self.executor
             summary["device"] = {**self.device, "workers": len(ex.slots) if ex.parallel else 0,
@@ -370,9 +376,40 @@ class Runner:
         self.last_checkpoint = checkpoint.save(run_dir.path, rnd, state, self.checkpoint_cfg.keep)
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs after the last evaluated round (:func:`checkpoint.runner_state`)."""
-        return checkpoint.runner_state(self)
+        """Everything a resumed run needs after its last evaluated round: the checkpoint's plain values (config
+        hash, W&B run id), the clients' state (in-process: their models), the algorithm's, the records so far, the
+        global random states, and under ``"runner"`` its clusters, extra bytes, timers and failures. These keys are
+        those of every round checkpoint (:mod:`~cosmos_pl.runs.checkpoint`, format 1)."""
+        timer = self.run_tasks.timer
+        return {**self.checkpoint_meta, "clients": self.clients.state_dict(),
+                "algorithm": self.algorithm.state_dict(), "records": self.recorder.state_dict(), "rng": capture_rng(),
+                "runner": {"clusters_info": self.clusters_info, "extra_bytes": self.extra_bytes,
+                           "round_seconds": {str(k): v for k, v in self.round_seconds.items()},
+                           "stage_seconds": dict(timer.seconds), "stage_seconds_by_round": dict(timer.by_round),
+                           "failures": [f.as_dict() for f in self.state.failures]}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` into this freshly built runner (:func:`checkpoint.restore_runner`)."""
-        checkpoint.restore_runner(self, state)
+        """Restore :meth:`state_dict` into this freshly built runner of the same config (hence the same models);
+        ``state["runner"]["wall"]``, where present, is the seconds the run spent before.
+
+        Raises:
+            ConfigError: the checkpoint does not hold this run's clients (a run over Flower keeps its clients'
+                models on the nodes: it is not resumed in-process).
+        """
+        if len(state["clients"].get("models", [])) != len(self.clients.infos):
+            raise ConfigError("this checkpoint does not hold this run's client models (a run over Flower keeps them "
+                              "on the nodes, so it cannot be resumed in-process); start it again")
+        self.clients.load_state_dict(state["clients"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.recorder.load_state_dict(state["records"])
+        r = state["runner"]
+        self.clusters_info = dict(r["clusters_info"])
+        if self.clusters_info:
+            self.recorder.write_json("clusters.json", self.clusters_info)
+        self.round_seconds = {int(k): v for k, v in r["round_seconds"].items()}
+        self.run_tasks.timer.seconds = dict(r["stage_seconds"])
+        self.run_tasks.timer.by_round = dict(r["stage_seconds_by_round"])
+        self.state.failures = [Failure(**f) for f in r["failures"]]
+        self.extra_bytes = {k: list(v) for k, v in r["extra_bytes"].items()}
+        self.previous_wall = float(r.get("wall", 0.0))
+        restore_rng(state["rng"])  # last: building the models drew from the global generators

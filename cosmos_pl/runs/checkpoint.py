@@ -21,11 +21,11 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from cosmos_pl.errors import ConfigError, UserError, check
+from cosmos_pl.errors import UserError, check
 from cosmos_pl.files import atomic_save
 
 __all__ = ["CheckpointConfig", "FORMAT", "config_hash", "checkpoint_dir", "save", "load_latest", "plain",
-           "capture_rng", "restore_rng", "NoCheckpoint", "runner_state", "restore_runner"]
+           "capture_rng", "restore_rng", "NoCheckpoint"]
 
 FORMAT = 1
 _NAME = re.compile(r"^round-(\d{4,})\.pt$")
@@ -136,44 +136,3 @@ def latest_round(run_dir: Path) -> Optional[int]:
     """The newest checkpoint's round number (by file name), or None."""
     found = _rounds(checkpoint_dir(run_dir))
     return found[-1][0] if found else None
-
-
-def runner_state(runner: Any) -> dict[str, Any]:
-    """A :class:`~cosmos_pl.federated.runner.Runner`'s state after its last evaluated round: the clients' (in-process:
-    their models), the algorithm's, the records so far, timers, failures, the global random states and the
-    checkpoint's plain values (config hash, W&B run id)."""
-    timer = runner.run_tasks.timer
-    return {**runner.checkpoint_meta, "clients": runner.clients.state_dict(),
-            "algorithm": runner.algorithm.state_dict(), "records": runner.recorder.state_dict(), "rng": capture_rng(),
-            "runner": {"clusters_info": runner.clusters_info, "extra_bytes": runner.extra_bytes,
-                       "round_seconds": {str(k): v for k, v in runner.round_seconds.items()},
-                       "stage_seconds": dict(timer.seconds), "stage_seconds_by_round": dict(timer.by_round),
-                       "failures": [f.as_dict() for f in runner.state.failures]}}
-
-
-def restore_runner(runner: Any, state: dict[str, Any]) -> None:
-    """Restore :func:`runner_state` into a freshly built runner of the same config (hence the same models).
-
-    Raises:
-        ConfigError: the checkpoint does not hold this run's clients (a run over Flower keeps its clients' models on
-            the nodes: it is not resumed in-process).
-    """
-    from cosmos_pl.federated.failures import Failure
-
-    if len(state["clients"].get("models", [])) != len(runner.clients.infos):
-        raise ConfigError("this checkpoint does not hold this run's client models (a run over Flower keeps them on "
-                          "the nodes, so it cannot be resumed in-process); start it again")
-    runner.clients.load_state_dict(state["clients"])
-    runner.algorithm.load_state_dict(state["algorithm"])
-    runner.recorder.load_state_dict(state["records"])
-    r = state["runner"]
-    runner.clusters_info = dict(r["clusters_info"])
-    if runner.clusters_info:
-        runner.recorder.write_json("clusters.json", runner.clusters_info)
-    runner.round_seconds = {int(k): v for k, v in r["round_seconds"].items()}
-    runner.run_tasks.timer.seconds = dict(r["stage_seconds"])
-    runner.run_tasks.timer.by_round = dict(r["stage_seconds_by_round"])
-    runner.state.failures = [Failure(**f) for f in r["failures"]]
-    runner.extra_bytes = {k: list(v) for k, v in r["extra_bytes"].items()}
-    runner.previous_wall = float(r.get("wall", 0.0))
-    restore_rng(state["rng"])  # last: building the models drew from the global generators
