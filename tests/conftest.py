@@ -1,9 +1,13 @@
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+# the test-only hooks (tests/hooks: the test faults, the audit of opened paths), importable by the tests and by the
+# executor's spawned workers, which start with this process's sys.path
+sys.path.append(str(Path(__file__).resolve().parent / "hooks"))
 
 # Under pytest-xdist each test worker is pinned to its own share of the cores, before torch is imported: two workers
 # with every core each would slow each other down many times over (OpenMP oversubscription). With more workers than
@@ -18,6 +22,17 @@ if _worker.startswith("gw") and hasattr(os, "sched_setaffinity"):
         _mine = set(_cpus[_index::_count]) if _count <= len(_cpus) else {_cpus[_index % len(_cpus)]}
         os.sched_setaffinity(0, _mine)
         os.environ["OMP_NUM_THREADS"] = str(len(_mine))
+
+
+@pytest.fixture
+def injected_faults(monkeypatch):
+    """The test faults installed in this process (tests/hooks/fault_injection.py): the clients a Runner builds and a
+    Flower node's handlers apply the faults ``$COSMOS_PL_TEST_FAULTS`` plans when they run; undone after the test.
+    Returns the module."""
+    import fault_injection
+
+    fault_injection.install(monkeypatch.setattr)
+    return fault_injection
 
 
 @pytest.fixture

@@ -11,8 +11,7 @@
 - where tasks run: the task pool (:mod:`~cosmos_pl.federated.executor`), the devices, cores and GPU sizing it uses
   (:mod:`~cosmos_pl.federated.devices`), a stage's tasks with their progress (:mod:`~cosmos_pl.federated.tasks`) and
   their arguments on the way to a worker (:mod:`~cosmos_pl.federated.transfer`);
-- failures: their settings and errors (:mod:`~cosmos_pl.federated.failures`) and test-only fault injection
-  (:mod:`~cosmos_pl.federated.faults`);
+- failures: their settings and errors (:mod:`~cosmos_pl.federated.failures`);
 - the records: round checkpoints (:mod:`~cosmos_pl.federated.checkpoint`), the rows and summary
   (:mod:`~cosmos_pl.federated.evaluation`, :mod:`~cosmos_pl.federated.recorder`), the run directory and its lock
   (:mod:`~cosmos_pl.federated.run_directory`, :mod:`~cosmos_pl.federated.locks`).
