@@ -287,7 +287,7 @@ class COSMOS(Algorithm):
                 where=f"round {rnd}, teacher distillation, teacher of cluster {k} (clients {self.clusters[k]})",
                 optimizer_key=optimizer_key)))
         costs = [count_parameters(self.teachers[k]) * len(public) * max(epochs, 1) for k in trained]
-        results = self.ctx.run_tasks(rnd, "teacher distillation", tasks, costs, True)
+        results = self.ctx.run_tasks(rnd, "teacher distillation", tasks, costs, trains=True)
         targets: dict[int, torch.Tensor] = {}
         losses: dict[str, list[float]] = {}
         for k, (model, (labels, epoch_losses)) in zip(trained, results):

@@ -85,7 +85,7 @@ def memory_available() -> Optional[int]:
 SHARED, PRIVATE, SEQUENTIAL = "shared", "private", "sequential"
 
 
-def shared_memory_plan(need: int, free: Optional[int], workers: int, explicit: bool,
+def shared_memory_plan(need: int, free: Optional[int], workers: int, *, explicit: bool,
                        available: Optional[int] = None, path: str = "/dev/shm") -> tuple[str, Optional[str]]:
     """How parallel workers get the data that stays the same for a run (every client's data and U, ``need`` bytes
     laid out in one shared arena), given ``free`` bytes in ``path``: ``(mode, line)``.
