@@ -2,9 +2,9 @@
 
 Nothing in ``cosmos_pl`` knows of it: the tests install it (:func:`install`), and it wraps what builds a run's
 clients, so the round loop, the transports and the Flower node carry no fault code of their own. A test in this
-process uses the ``test_faults`` fixture (``tests/conftest.py``); a test that starts ``cosmos-pl`` or a Flower
+process uses the ``injected_faults`` fixture (``tests/conftest.py``); a test that starts ``cosmos-pl`` or a Flower
 SuperNode puts this folder on the child's ``PYTHONPATH`` (:func:`hooks_path.with_hooks`), whose ``sitecustomize``
-installs it when ``$COSMOS_PL_TEST_FAULTS`` is set (:func:`install_on_import`). What is wrapped:
+applies :data:`PATCHES` as their modules are imported when ``$COSMOS_PL_TEST_FAULTS`` is set. What is wrapped:
 
 - the in-process clients (:meth:`cosmos_pl.federated.in_process.InProcessClients.build`) and the Flower server's
   clients (:class:`cosmos_pl.flower.server.FlowerClients`): :func:`wrap`, read when the Runner builds them;
@@ -40,12 +40,10 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
-import importlib.abc
 import importlib.util
 import json
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from types import ModuleType
@@ -61,7 +59,7 @@ from cosmos_pl.objectives.step import ClientStep, Task
 from cosmos_pl.training.client import Client
 
 __all__ = ["ENV", "HELLO_KINDS", "TASK_KINDS", "UPLOAD_KINDS", "Fault", "FaultyClients", "FaultyRuntime", "load",
-           "find", "find_hello", "run_with_fault", "corrupt", "wrap", "install", "install_on_import"]
+           "find", "find_hello", "run_with_fault", "corrupt", "wrap", "PATCHES", "install"]
 
 ENV = "COSMOS_PL_TEST_FAULTS"
 TASK_KINDS = ("raise", "nan", "hang", "kill")
@@ -300,7 +298,8 @@ def _patch_node(module: ModuleType, set_attr: Callable[..., None]) -> None:
     set_attr(module, "pseudo_labels", faulty_pseudo_labels)
 
 
-_PATCHES: dict[str, Callable[[ModuleType, Callable[..., None]], None]] = {
+#: The modules whose attributes the faults wrap, each with its patch ``(module, set_attr)``.
+PATCHES: dict[str, Callable[[ModuleType, Callable[..., None]], None]] = {
     "cosmos_pl.federated.in_process": _patch_in_process, "cosmos_pl.flower.server": _patch_flower_server,
     "cosmos_pl.flower.node": _patch_node}
 
@@ -309,36 +308,7 @@ def install(set_attr: Callable[..., None] = setattr) -> None:
     """Wrap, in this process, what builds the clients and a Flower node's handlers (module docstring); the Flower
     parts only where ``flwr`` is installed. ``set_attr``: how each attribute is replaced (a test passes
     ``monkeypatch.setattr``, which puts the originals back after it)."""
-    for name, patch in _PATCHES.items():
+    for name, patch in PATCHES.items():
         if name.startswith("cosmos_pl.flower.") and importlib.util.find_spec("flwr") is None:
             continue
         patch(importlib.import_module(name), set_attr)
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Applies each patch of ``patches`` (module name -> patch) right after its module is first executed."""
-
-    def __init__(self, patches: dict[str, Callable[[ModuleType, Callable[..., None]], None]]) -> None:
-        self.patches = patches
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name not in self.patches:
-            return None
-        spec = next((s for s in (f.find_spec(name, path, target) for f in sys.meta_path
-                                 if f is not self and hasattr(f, "find_spec")) if s is not None), None)
-        if spec is None or spec.loader is None:
-            return spec
-        patch, exec_module = self.patches.pop(name), spec.loader.exec_module
-
-        def exec_and_patch(module: ModuleType) -> None:
-            exec_module(module)
-            patch(module, setattr)
-
-        spec.loader.exec_module = exec_and_patch  # this spec's own loader
-        return spec
-
-
-def install_on_import() -> None:
-    """:func:`install`, each part as its module is first imported: for ``sitecustomize`` at a process's start,
-    which imports neither torch nor Flower before the process itself does."""
-    sys.meta_path.insert(0, _PatchOnImport(dict(_PATCHES)))
