@@ -46,7 +46,8 @@ def group_keys(parser: ArgumentParser) -> dict[str, Any]:
 
 
 def _plain_defaults(parser: ArgumentParser) -> dict[str, Any]:
-    """The parser's defaults as plain values, computed once per parser (a dump takes a fifth of a second)."""
+    """The parser's defaults as plain values, computed once per parser (a dump is slow enough to
+    count at start-up, docs/performance.md)."""
     cached = getattr(parser, "_cosmos_plain_defaults", None)
     if cached is None:
         cached = yaml.safe_load(parser.dump(parser.get_defaults(), skip_check=True, skip_none=False))

@@ -76,7 +76,7 @@ def run_fit(cfg: Namespace, parser: ArgumentParser, transport: Optional[Callable
             run_dir.release()
             raise
     else:
-        run_dir = RunDirectory.prepare(cfg.run_dir, cfg.overwrite) if cfg.run_dir else \
+        run_dir = RunDirectory.prepare(cfg.run_dir, overwrite=cfg.overwrite) if cfg.run_dir else \
             RunDirectory.unique(_default_run_dir(cfg))
     try:
         return _fit_in(run_dir, cfg, init, config_yaml, settings_hash, resume, resume_path, transport, server)

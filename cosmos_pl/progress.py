@@ -60,9 +60,10 @@ def round_of(recorded: int, rounds: int) -> str:
 class StageProgress:
     """``with StageProgress(console, "round 1: local fit", total=10, unit="clients") as p: p.advance()``.
 
-    On a terminal (``console.is_terminal``) a transient rich bar, as before; otherwise plain lines: at most one
-    every :func:`line_every_s` seconds while the work runs (``round 1: local fit: 4/10 clients, 31 s``) and one
-    when it ends (``round 1: local fit: 10/10 clients in 52 s``). Never an empty line.
+    On a terminal (``console.is_terminal``) a transient rich bar; otherwise (a log file, a batch job's output, where a
+    bar's redraws would pile up) plain lines: at most one every :func:`line_every_s` seconds while the work runs
+    (``round 1: local fit: 4/10 clients, 31 s``) and one when it ends (``round 1: local fit: 10/10 clients in 52 s``).
+    Never an empty line.
     """
 
     def __init__(self, console: Console, description: str, total: int, unit: str = "tasks",

@@ -1,9 +1,13 @@
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+# the test-only hooks (tests/hooks: the test faults, the audit of opened paths), importable by the tests and by the
+# executor's spawned workers, which start with this process's sys.path
+sys.path.append(str(Path(__file__).resolve().parent / "hooks"))
 
 # Under pytest-xdist each test worker is pinned to its own share of the cores, before torch is imported: two workers
 # with every core each would slow each other down many times over (OpenMP oversubscription). With more workers than
@@ -24,6 +28,17 @@ if _worker.startswith("gw") and hasattr(os, "sched_setaffinity"):
 # hung. A guard against hangs only, far above any run's time: `make test` runs one worker more than cores, and a
 # Flower test's processes share those cores with the other workers, so a run taking 70 s alone took 700 s there.
 PROCESS_TIMEOUT_S = 1800
+
+
+@pytest.fixture
+def injected_faults(monkeypatch):
+    """The test faults installed in this process (tests/hooks/fault_injection.py): the clients a Runner builds and a
+    Flower node's handlers apply the faults ``$COSMOS_PL_TEST_FAULTS`` plans when they run; undone after the test.
+    Returns the module."""
+    import fault_injection
+
+    fault_injection.install(monkeypatch.setattr)
+    return fault_injection
 
 
 @pytest.fixture

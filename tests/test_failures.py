@@ -1,7 +1,8 @@
 """Failing clients: a run survives every kind of client failure, records each with its
 reason, and the other clients' numbers equal those of a run in which the faulty clients sat those rounds out.
 
-Failures are injected through the test-only hook ``COSMOS_PL_TEST_FAULTS`` (``cosmos_pl.federated.faults``).
+Failures are injected through the test-only hook ``COSMOS_PL_TEST_FAULTS`` (``tests/hooks/fault_injection.py``,
+installed by the ``injected_faults`` fixture).
 """
 
 import csv
@@ -45,7 +46,7 @@ def _without(rows, *columns):
 
 @pytest.mark.slow
 def test_every_failure_kind_is_survived_recorded_and_leaves_the_others_as_if_left_out(repo_root, tmp_path,
-                                                                                     monkeypatch):
+                                                                                     monkeypatch, injected_faults):
     faulty, left_out = tmp_path / "faulty", tmp_path / "left_out"
     # the kill fault needs worker processes; results do not depend on the executor (test_executor)
     monkeypatch.setenv("COSMOS_PL_TEST_FAULTS", json.dumps(FAULTS))
@@ -70,7 +71,7 @@ def test_every_failure_kind_is_survived_recorded_and_leaves_the_others_as_if_lef
         _without(_rows(left_out / "metrics.csv"), "failed_clients")
 
 
-def test_abort_stops_at_the_first_failure_and_keeps_the_last_round(repo_root, tmp_path, monkeypatch):
+def test_abort_stops_at_the_first_failure_and_keeps_the_last_round(repo_root, tmp_path, monkeypatch, injected_faults):
     monkeypatch.setenv("COSMOS_PL_TEST_FAULTS", json.dumps([{"round": 1, "client": 2, "step": "pseudo-labels",
                                                              "kind": "raise"}]))
     with pytest.raises(ClientFailed, match=r"round 1: client 2 failed in pseudo-labels .*rounds 0..0 are saved.*"
@@ -79,7 +80,7 @@ def test_abort_stops_at_the_first_failure_and_keeps_the_last_round(repo_root, tm
     assert (tmp_path / "run" / "checkpoints" / "round-0000.pt").exists()
 
 
-def test_too_few_clients_left_stops_the_round_uncommitted(repo_root, tmp_path, monkeypatch):
+def test_too_few_clients_left_stops_the_round_uncommitted(repo_root, tmp_path, monkeypatch, injected_faults):
     monkeypatch.setenv("COSMOS_PL_TEST_FAULTS", json.dumps(
         [{"round": 1, "client": c, "step": "pseudo-labels", "kind": "raise"} for c in (0, 1, 2)]))
     with pytest.raises(RoundFailed, match=r"round 1: only 2 of 5 clients finished it \(failures.min_fraction = 0.5\)"):

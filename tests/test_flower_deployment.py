@@ -19,6 +19,9 @@ One federation shows:
   round 2 and fails that round only; SuperNode 0, killed (SIGKILL) in round 1 after its upload and restarted with the
   same command, rejoins in round 2 with the model it committed after round 0; the run completes;
 - a deployment submitted without ``public`` makes ``cosmos-pl flower-run`` exit 2 with one line naming it.
+
+The audit and the nodes' faults are test hooks (tests/hooks), which its ``sitecustomize`` installs in every process
+the test starts.
 """
 
 import csv
@@ -38,6 +41,7 @@ from cosmos_pl.cli import main  # noqa: E402
 from conftest import PROCESS_TIMEOUT_S  # noqa: E402
 from cosmos_pl.flower.localhost import (REGISTER, SUBMIT, SUPERLINK, SUPERNODE, Processes, argv,  # noqa: E402
                                         flwr_home, free_port, healthy, register, wait_for)
+from hooks_path import with_hooks  # noqa: E402
 
 pytestmark = pytest.mark.slow  # subprocess runs, or a Flower federation
 
@@ -71,7 +75,7 @@ def _opened_under(log: Path, root: Path) -> set[str]:
 
 
 @pytest.mark.slow
-def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_path):
+def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_path, injected_faults):
     start = time.monotonic()
     operator, sites, logs, run_dir = (tmp_path / n for n in ("operator", "sites", "logs", "run"))
     assert main(["export-partition", "--config", str(repo_root / "configs/digits_flower.yaml"), "--data.num_clients",
@@ -87,7 +91,8 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
     elsewhere = tmp_path / "elsewhere"  # the hostile nodes' own (copied) data, outside the site folders
     shutil.copytree(sites / "client_0", elsewhere)
     link = free_port()
-    env = flwr_home(tmp_path / "flwr_home", link, operator / "keys" / "ca.crt")
+    # every process started gets the test hooks, each active only where its variable is set
+    env = with_hooks(flwr_home(tmp_path / "flwr_home", link, operator / "keys" / "ca.crt"))
     procs = Processes(logs, env)
     server_audit = tmp_path / "server_opens.txt"
     runtime_ports: dict[str, int] = {}

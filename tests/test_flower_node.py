@@ -580,9 +580,9 @@ def test_a_teacher_is_loaded_only_with_exactly_the_models_float_tensors(run_yaml
 
 # --------------------------------------------------------------------------- a hostile node (test faults)
 @pytest.mark.parametrize("kind", ["negative", "shape", "fingerprint"])
-def test_a_node_with_an_upload_fault_sends_corrupted_pseudo_labels(run_yaml, tmp_path, monkeypatch, kind):
-    from cosmos_pl.federated import faults
-
+def test_a_node_with_an_upload_fault_sends_corrupted_pseudo_labels(run_yaml, tmp_path, monkeypatch, kind,
+                                                                   injected_faults):
+    faults = injected_faults
     ctx = _context(tmp_path, 2)
     fingerprint = _hello(run_yaml, ctx)["config"]["public_fingerprint"]
     reply = node.pseudo_labels(_upload(1, fingerprint), ctx)
@@ -602,9 +602,9 @@ def test_a_node_with_an_upload_fault_sends_corrupted_pseudo_labels(run_yaml, tmp
     assert torch.equal(wire.record_to_payload(other_round["arrays"], other_round["config"]).values, clean.values)
 
 
-def test_a_node_with_a_hello_fault_replies_a_malformed_hello_and_does_no_work(run_yaml, tmp_path, monkeypatch):
-    from cosmos_pl.federated import faults
-
+def test_a_node_with_a_hello_fault_replies_a_malformed_hello_and_does_no_work(run_yaml, tmp_path, monkeypatch,
+                                                                             injected_faults):
+    faults = injected_faults
     monkeypatch.setenv(faults.ENV, json.dumps([{"client": 3, "step": "hello", "kind": "malformed"}]))  # no round
     assert faults.load() == [faults.Fault(-1, 3, "hello", "malformed")]
     reply = _hello(run_yaml, _context(tmp_path / "n3", 3))

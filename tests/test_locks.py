@@ -16,6 +16,7 @@ import pytest
 
 from cosmos_pl.runs.locks import LOCK_NAME
 from conftest import PROCESS_TIMEOUT_S
+from hooks_path import with_hooks
 
 pytestmark = pytest.mark.slow  # subprocess runs, or a Flower federation
 
@@ -24,8 +25,8 @@ HANG_ROUND_0 = json.dumps([{"round": 0, "client": 0, "step": "local training", "
 
 def _start(argv, faults=""):
     env = {k: v for k, v in os.environ.items() if k != "COSMOS_PL_TEST_FAULTS"}
-    if faults:
-        env["COSMOS_PL_TEST_FAULTS"] = faults
+    if faults:  # the child installs the test faults (tests/hooks/sitecustomize.py)
+        env = with_hooks({**env, "COSMOS_PL_TEST_FAULTS": faults})
     return subprocess.Popen([sys.executable, "-m", "cosmos_pl.cli", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
 

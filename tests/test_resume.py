@@ -3,7 +3,7 @@
 A digits run is stopped in the middle of round 2, by SIGKILL or by SIGTERM, then resumed with
 ``cosmos-pl fit --resume``; its ``metrics.csv`` and ``clients.csv`` must equal, byte for byte, those of the same
 run never interrupted. To stop it surely inside round 2, client 0's first forward pass of round 2 stalls (the
-test-only ``hang`` fault, ``cosmos_pl.federated.faults``); the resumed run has no fault.
+test-only ``hang`` fault, ``tests/hooks/fault_injection.py``); the resumed run has no fault.
 """
 
 import json
@@ -22,6 +22,7 @@ from cosmos_pl.cli import run
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.runs.checkpoint import load_latest
 from conftest import PROCESS_TIMEOUT_S, small_digits_argv
+from hooks_path import with_hooks
 
 # subprocess runs, or a Flower federation; on one worker, which trains the killed run once (`--dist loadgroup`)
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("resume")]
@@ -35,8 +36,8 @@ def _argv(repo_root: Path, run_dir: Path) -> list[str]:
 
 def _start(argv: list[str], faults: str = "") -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "COSMOS_PL_TEST_FAULTS"}
-    if faults:
-        env["COSMOS_PL_TEST_FAULTS"] = faults
+    if faults:  # the child installs the test faults (tests/hooks/sitecustomize.py)
+        env = with_hooks({**env, "COSMOS_PL_TEST_FAULTS": faults})
     return subprocess.Popen([sys.executable, "-m", "cosmos_pl.cli", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
 

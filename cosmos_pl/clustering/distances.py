@@ -4,8 +4,8 @@ The server holds the uploads ``[N, n, M]`` (what the clients sent); the distance
 column chunks, so the extra memory is ``O(N^2 + N * chunk)`` whatever N, n and M are. L1 (the paper's) runs in the
 compiled kernel of :mod:`cosmos_pl.clustering.native` when a C compiler exists, else in torch.
 
-Exact distances cost ``N^2/2 * n * M`` absolute differences: 2e12 at N = 2,000, |U| = 10,000, M = 100, over a minute
-on 2 cores. Above :data:`EXACT_BUDGET` the distances are estimated on a fixed random subsample of U: the distance is
+Exact distances cost ``N^2/2 * n * M`` absolute differences: 2e12 at N = 2,000, |U| = 10,000, M = 100, more than a
+round should wait for on a few cores (docs/performance.md). Above :data:`EXACT_BUDGET` the distances are estimated on a fixed random subsample of U: the distance is
 a mean over the public samples, so a mean over n' of them is unbiased, with a standard error of about
 ``sd / sqrt(n')`` (sd: the spread of one sample's L1 difference, at most 2); :func:`public_samples_for` says how
 many, and ``benchmarks/server_scale.py`` measures the error and its effect on the clustering.
@@ -54,7 +54,7 @@ def check_pseudo_labels(pseudo_labels: torch.Tensor, metric: str = "l1") -> None
 
 def _l1_torch(flat: torch.Tensor) -> np.ndarray:
     """Upper triangle of the L1 sums between rows of ``flat`` ``[N, D]``: ``torch.cdist(p=1)`` (torch's vectorized
-    pairwise kernel, about 1e9 differences per second on 2 cores here) over column chunks, float32 within a chunk
+    pairwise kernel) over column chunks, float32 within a chunk
     and float64 across chunks, as the C kernel."""
     n, d = flat.shape
     out = torch.zeros(n, n, dtype=torch.float64)

@@ -1,9 +1,8 @@
 """The compiled L1 kernel (``l1_kernel.c``): built with the machine's C compiler on first use, then reused.
 
-Pairwise L1 distances cost N^2/2 * n * M absolute differences (1.25e11 at N = 500, |U| = 10,000, M = 100). Torch's
-``cdist(p=1)`` does about 1.1e9 of them per second on 2 cores here (N = 500: about 110 s); the blocked C loop does
-about 12e9 per core (N = 500: under 4 s). The shared
-library is compiled once per machine into ``$COSMOS_PL_CACHE`` (default ``~/.cache/cosmos-pl``) under a hash of
+Pairwise L1 distances cost N^2/2 * n * M absolute differences (1.25e11 at N = 500, |U| = 10,000, M = 100), and a
+blocked C loop does many times more of them per second than torch's ``cdist(p=1)`` (docs/performance.md, "Choices
+in the code"). The shared library is compiled once per machine into ``$COSMOS_PL_CACHE`` (default ``~/.cache/cosmos-pl``) under a hash of
 the source and the compiler, written atomically, and loaded with ctypes. Without a working C compiler (or with
 ``COSMOS_PL_NATIVE=0``) :func:`load` returns None and the caller falls back to torch, with the same results to
 about 1e-6 relative.

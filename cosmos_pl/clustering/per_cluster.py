@@ -17,11 +17,11 @@ distances alone (never group ids):
    another cluster than those of its own; judged against the start's other clusters, fixed, so one cluster's
    verdict does not shift another's) leaves its cluster and keeps a teacher of its own.
 
-   Where it is not kept, every client keeps a teacher of its own. ``keep="floor"`` (``b0: silhouette_floor``, the
-   rule ``auto`` was before) keeps each cluster instead on its own silhouette: after the clients that left, at a
-   mean silhouette of :data:`FLOOR` and a persistence of :data:`PERSISTENCE` (the hierarchy joins it to the rest at
-   a mean distance at least that many times the one at which its own clients were joined; Fred and Jain's
-   lifetime, 2005).
+   Where it is not kept, every client keeps a teacher of its own. ``keep="floor"`` (``b0: silhouette_floor``, a
+   fixed rule without the permutation test) keeps each cluster instead on its own silhouette: after the clients
+   that left, at a mean silhouette of :data:`FLOOR` and a persistence of :data:`PERSISTENCE` (the hierarchy joins it
+   to the rest at a mean distance at least that many times the one at which its own clients were joined; Fred and
+   Jain's lifetime, 2005).
 
 4. **Uninformative clients placed last.** A client whose upload is (nearly) the same distribution for every public
    sample (its spread under :data:`~cosmos_pl.clustering.distances.CONSTANT_SPREAD`: typically a model that learnt

@@ -1,42 +1,11 @@
 """Rules that choose the threshold B0 of Algorithm 1 from the client distances alone (never from group ids):
 ``strict`` (the best silhouette among the clusterings that separate their clusters over the whole federation, if it
-reaches 0.25; else every client alone: the default before ``auto``), ``silhouette`` (the best silhouette among
-all), ``otsu``, ``inf``, or a number; and :func:`structure`, how clearly a clustering separates the clients. The
-default, ``auto``, chooses no threshold (:mod:`cosmos_pl.clustering.per_cluster`).
+reaches 0.25; else every client alone: no cluster unless every cluster is separated), ``silhouette`` (the best
+silhouette among all), ``otsu``, ``inf``, or a number; and :func:`structure`, how clearly a clustering separates the
+clients. The default, ``auto``, chooses no threshold (:mod:`cosmos_pl.clustering.per_cluster`).
 
-Measured at 10 clients with these rules (``cosmos-pl fit`` with each config as shipped, ``--rounds`` its own: 2,
-one torch thread, seeds 0-9, on an earlier machine; ``auto`` then meant today's ``strict``); K and the adjusted Rand
-index (ARI) against the true groups come from the PTC round's distances; the last number is the final teacher
-h_pi(i) minus local-only (round 0), in points of mean accuracy; * marks weak structure as it was then defined
-(any overlap of within- and between-cluster distances counted). ``separated`` is ``strict`` without its silhouette
-floor (tried, not offered). docs/algorithms.md ("Choosing B0") has the same configs under ``auto`` and at 20 and 40
-clients.
-
-  digits_smoke (10 clients, 5 groups, 8x8 digits: weakly separated uploads):
-
-    seed | silhouette          | otsu                | separated           | strict
-       0 | K  5  1.00 +12.6  | K  4 -0.03 -26.4* | K  5  1.00 +12.6  | K  5  1.00 +12.6
-       1 | K  2  0.00 -35.4* | K  4 -0.03 -30.0* | K  8  0.24  -2.3* | K 10  0.00  -2.3*
-       2 | K  2  0.00 -43.0* | K  5 -0.08 -28.2* | K  9 -0.04  -2.4* | K 10  0.00  -1.3*
-       3 | K  2  0.00 -38.6* | K  5 -0.08 -26.3* | K  6 -0.17 -21.4* | K 10  0.00  -0.4*
-       4 | K  6  0.04 -17.5* | K  5 -0.08 -27.2* | K  6  0.04 -17.5* | K 10  0.00  -2.8*
-       5 | K  5  0.38  -6.4* | K  3 -0.01 -27.7* | K  9 -0.04  -4.2* | K 10  0.00  +0.7*
-       6 | K  2  0.00 -31.4* | K  4 -0.03 -32.4* | K  7  0.14  -6.2* | K 10  0.00  -0.8*
-       7 | K  2  0.00 -38.6* | K  5 -0.08 -33.8* | K  6 -0.17 -28.7* | K 10  0.00  -0.9*
-       8 | K  5  0.69  -0.5* | K  4 -0.03 -30.3* | K  7  0.73  +9.4* | K 10  0.00  -0.4*
-       9 | K  2  0.00 -33.7* | K  5 -0.08 -22.4* | K  8 -0.09  -9.1* | K 10  0.00  -0.2*
-
-  digits_smoke, mean / worst over seeds: silhouette -23.3 / -43.0 (ARI 1.0 in 1 of 10), otsu -28.5 / -33.8 (0 of
-  10), separated -7.0 / -28.7 (1 of 10), strict +0.4 / -2.8 (1 of 10).
-
-  fmnist_quickstart (10 clients, 5 groups): every rule recovers the groups (ARI 1.0) in 9 of 10 seeds, mean +2.8,
-  worst +1.8; in seed 1 silhouette merges two groups (K 4, ARI 0.67, +3.0), otsu, separated and strict find K 6
-  (ARI 0.88, +3.1). No seed is weak under strict.
-
-  cifar10_subset (20 clients, 5 groups, real CIFAR-10), its first round (PTC, ``--rounds 1``), seeds 0-2: every
-  rule finds the same clustering, K 5, ARI 1.00, silhouette 0.659 / 0.602 / 0.650 (B0 strict 1.071 / 1.268 / 0.961,
-  silhouette 0.708 / 1.024 / 0.658, otsu 1.269 / 1.185 / 1.182), so one run per seed stands for every rule:
-  teacher minus local-only +0.7 / +7.6 / +7.1 (local-only 0.6066 / 0.6917 / 0.6402). No seed is weak.
+How each rule fares at 10 clients on the shipped configs (K, the adjusted Rand index against the true groups, and the
+teacher's gain over local-only, per seed) is in docs/performance.md ("The threshold rules at 10 clients").
 """
 
 from __future__ import annotations
@@ -351,8 +320,8 @@ def separated_candidates(d: np.ndarray) -> list[float]:
 
 
 def separated_threshold(distances: np.ndarray) -> float:
-    """The ``strict`` rule for B0 (the default before ``auto``): the best silhouette among the Algorithm 1 clusterings
-    whose clusters are separated
+    """The ``strict`` rule for B0 (no cluster unless every cluster is separated): the best silhouette among the
+    Algorithm 1 clusterings whose clusters are separated
     (every within-cluster distance below every between-cluster distance, :attr:`Structure.separated`), if that
     silhouette reaches :data:`WEAK_SILHOUETTE`; otherwise 0, every client alone (only identical clients share a
     cluster).

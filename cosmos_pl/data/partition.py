@@ -34,8 +34,8 @@ __all__ = [
 ]
 
 # Dirichlet proportions are drawn up to this many times to meet min_samples_per_client; if the last draw still
-# leaves clients short, they are topped up from the largest clients (_top_up). Redrawing alone took 78 draws and
-# 20 s for 500 clients at alpha 0.01 (and may never succeed).
+# leaves clients short, they are topped up from the largest clients (_top_up): redrawing alone can take many draws
+# at a small alpha and many clients (docs/performance.md), and may never succeed.
 MAX_ATTEMPTS = 3
 # Fewest training samples a client can train on: BatchNorm normalizes over the batch in training mode and
 # fails on a batch of one sample, and a client with one sample only ever has batches of one.

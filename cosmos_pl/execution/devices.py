@@ -85,7 +85,7 @@ def memory_available() -> Optional[int]:
 SHARED, PRIVATE, SEQUENTIAL = "shared", "private", "sequential"
 
 
-def shared_memory_plan(need: int, free: Optional[int], workers: int, explicit: bool,
+def shared_memory_plan(need: int, free: Optional[int], workers: int, *, explicit: bool,
                        available: Optional[int] = None, path: str = "/dev/shm") -> tuple[str, Optional[str]]:
     """How parallel workers get the data that stays the same for a run (every client's data and U, ``need`` bytes
     laid out in one shared arena), given ``free`` bytes in ``path``: ``(mode, line)``.
@@ -125,7 +125,7 @@ def shared_memory_plan(need: int, free: Optional[int], workers: int, explicit: b
 
 CUDA_CONTEXT_BYTES = 600 * 2 ** 20  # a process's CUDA context and torch's kernels (about 0.5 GiB on recent GPUs)
 # processes on one GPU take turns on it (time slices, unless NVIDIA MPS is running): more workers hide each other's
-# CPU-side work (batch gathering, kernel launches) up to a point; 4 is a guess, not yet measured on a GPU
+# CPU-side work (batch gathering, kernel launches) up to a point; 4 is a guess, not measured on a GPU
 MAX_WORKERS_PER_DEVICE = 4
 
 

@@ -269,8 +269,8 @@ class Executor:
         if not self.parallel or self._workers:
             return None
         explicit = self.cfg.kind == "parallel" or self.cfg.workers_per_device != "auto"
-        mode, line = shared_memory_plan(self._resident.nbytes(), shared_memory_free(), len(self.slots), explicit,
-                                        memory_available())
+        mode, line = shared_memory_plan(self._resident.nbytes(), shared_memory_free(), len(self.slots),
+                                        explicit=explicit, available=memory_available())
         self.shared_memory = mode
         if mode == SEQUENTIAL:
             self.parallel = False
@@ -336,7 +336,7 @@ class Executor:
             self._workers = [self._spawn(gpu) for gpu in self.slots]
 
     # ------------------------------------------------------------------ map
-    def map(self, tasks: Sequence[Task], costs: Optional[Sequence[float]] = None, returns_model: bool = False,
+    def map(self, tasks: Sequence[Task], costs: Optional[Sequence[float]] = None, *, returns_model: bool = False,
             tolerate: bool = False, timeout_s: Optional[float] = None) -> Iterator[tuple[int, Any, Any]]:
         """Run ``tasks``; yield ``(index, model, output)`` in completion order.
 
@@ -360,7 +360,8 @@ class Executor:
         else:
             yield from self._parallel(tasks, costs, returns_model, tolerate, timeout_s)
 
-    def _failed(self, index: int, err: BaseException, tolerate: bool, in_process: bool = False) -> tuple[int, Any, Any]:
+    def _failed(self, index: int, err: BaseException, *, tolerate: bool,
+                in_process: bool = False) -> tuple[int, Any, Any]:
         if isinstance(err, _FATAL):
             raise err
         kind = cuda_error_kind(err)
@@ -395,7 +396,7 @@ class Executor:
                             out = fn(**kwargs)
                     except Exception as err:  # KeyboardInterrupt and signals pass through
                         signals.check(err)  # an error during a stop is the stop's, not a failure of the client
-                        yield self._failed(i, err, tolerate, in_process=True)
+                        yield self._failed(i, err, tolerate=tolerate, in_process=True)
                         continue
                     signals.check()  # a task that ran on past a stop request is not used
                     yield i, kwargs.get("model"), out
@@ -412,7 +413,7 @@ class Executor:
         self._stage += 1
         for worker in self._workers:  # each worker drops the last stage's models when this stage's first task comes
             worker.held = {n for n in worker.held if not n.startswith(STAGE_PREFIX)}
-        repeated = repeated_models(tasks, returns_model)
+        repeated = repeated_models(tasks, trains=returns_model)
         restarts = 0
         retried: set[int] = set()  # tasks tried again after running a shared GPU out of memory
         # largest estimated cost first, so a big task does not start last and leave workers idle
@@ -425,7 +426,7 @@ class Executor:
                     i = pending.pop(0)
                     fn, kwargs = tasks[i]
                     kwargs, new = pack(kwargs, self._resident, worker.held, self._templates, self._stage, repeated,
-                                       returns_model)
+                                       trains=returns_model)
                     try:
                         send(worker.conn, (i, fn, kwargs, returns_model, self._stage))
                     except (BrokenPipeError, EOFError, OSError) as err:  # the worker died while idle
@@ -475,18 +476,19 @@ class Executor:
                             self._replace(worker)
                         pending.insert(0, index)
                         continue
-                    yield self._failed(index, out, tolerate)
+                    yield self._failed(index, out, tolerate=tolerate)
                 elif worker.process.sentinel in ready or not worker.process.is_alive():
                     busy.pop(i)
                     worker.process.join(timeout=10)
                     code = worker.process.exitcode
                     self._replace(worker)
                     yield self._failed(i, RuntimeError(f"the worker process running it died (exit code {code})"),
-                                       tolerate)
+                                       tolerate=tolerate)
                 elif timeout_s and worker.started is not None and time.monotonic() - worker.started > timeout_s:
                     busy.pop(i)
                     self._replace(worker)
-                    yield self._failed(i, TaskTimeout(f"ran past failures.timeout_s = {timeout_s:g} s"), tolerate)
+                    yield self._failed(i, TaskTimeout(f"ran past failures.timeout_s = {timeout_s:g} s"),
+                                       tolerate=tolerate)
 
     def close(self) -> None:
         """Stop the workers (idle ones exit at once; busy ones are killed)."""

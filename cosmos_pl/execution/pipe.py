@@ -3,14 +3,15 @@
 :func:`send` pickles a message with pickle protocol 5 and sends each CPU tensor's bytes out of band, straight from
 the tensor's memory; :func:`receive` reads each frame into memory the rebuilt tensor then owns. No file descriptor
 or shared-memory file stays behind for what crossed: torch's own sharing between processes (a shared-memory file per
-tensor, held open by every process holding the tensor) ran parallel runs out of descriptors under the common
-limit of 1,024 (a MobileNetV2 has 314 tensors), and cost about 0.3 s per model round trip. Strides are kept
+tensor, held open by every process holding the tensor) runs parallel runs out of descriptors under the common
+limit of 1,024 (a MobileNetV2 has 314 tensors), and is slow per model round trip (docs/performance.md, "Choices in
+the code"). Strides are kept
 (channels-last weights stay channels-last), and so are ``requires_grad``, ``nn.Parameter`` and attributes set on a
 tensor. A tensor already in shared memory (the executor's resident arena) goes torch's way: one descriptor for the
 whole arena.
 
 :class:`Template` rebuilds a model of a known architecture from new tensors by unpickling, which is much faster than
-a deep copy of a module tree (a timm MobileNetV2: about 6 ms against 33 ms here).
+a deep copy of a module tree (docs/performance.md).
 """
 
 from __future__ import annotations

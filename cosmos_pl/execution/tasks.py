@@ -41,7 +41,7 @@ class TaskRunner:
         self.executor, self.console, self.timeout_s = executor, console, timeout_s
         self.timer = StageTimer()
 
-    def __call__(self, rnd: int, stage: str, tasks: list[Task], costs: Optional[list[float]] = None,
+    def __call__(self, rnd: int, stage: str, tasks: list[Task], costs: Optional[list[float]] = None, *,
                  trains: bool = False, tolerate: bool = False) -> list[tuple[Any, Any]]:
         start = time.perf_counter()
         results: list[Any] = [None] * len(tasks)

@@ -164,7 +164,7 @@ class ForStage:
 
 
 def pack(kwargs: dict[str, Any], residents: Residents, held: set[str], templates: dict[str, Template],
-         stage: Optional[int] = None, repeated: frozenset[int] = frozenset(),
+         stage: Optional[int] = None, repeated: frozenset[int] = frozenset(), *,
          trains: bool = False) -> tuple[dict[str, Any], list[str]]:
     """``kwargs`` as sent to a worker that has the names in ``held``; returns them and the names the worker will
     have once they arrive (add them to ``held`` after the message is sent).
@@ -186,7 +186,7 @@ def pack(kwargs: dict[str, Any], residents: Residents, held: set[str], templates
             templates[name] = Template(value, module_tensors(value))
         return Skeleton(name, value)
 
-    def model(value: Any, read_only: bool) -> Any:
+    def model(value: Any, *, read_only: bool) -> Any:
         if not isinstance(value, nn.Module):
             return value
         if stage is None or not read_only or id(value) not in repeated:
@@ -213,7 +213,7 @@ def pack(kwargs: dict[str, Any], residents: Residents, held: set[str], templates
     return out, new
 
 
-def repeated_models(tasks: list[tuple[Any, dict[str, Any]]], trains: bool) -> frozenset[int]:
+def repeated_models(tasks: list[tuple[Any, dict[str, Any]]], *, trains: bool) -> frozenset[int]:
     """The ids of the models that more than one of ``tasks`` reads (a ``model`` the tasks train does not count)."""
     counts: Counter = Counter()
     for _, kwargs in tasks:

@@ -9,8 +9,7 @@
   (:mod:`~cosmos_pl.federated.in_process`), a client's architecture and round-0 model on every transport
   (:mod:`~cosmos_pl.federated.initial_models`) and what the server holds of the data
   (:mod:`~cosmos_pl.federated.server_data`);
-- failures: their settings and errors (:mod:`~cosmos_pl.federated.failures`) and test-only fault injection
-  (:mod:`~cosmos_pl.federated.faults`).
+- failures: their settings and errors (:mod:`~cosmos_pl.federated.failures`).
 
 Where a stage's tasks run is :mod:`cosmos_pl.execution`'s (the worker pool); the run's files, records and
 checkpoints are :mod:`cosmos_pl.runs`'s.

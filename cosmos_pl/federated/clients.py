@@ -94,8 +94,8 @@ class Clients:
     def fail(self, rnd: int, client: int) -> None:
         """``client`` failed round ``rnd``: it goes back to the model it had when the round began."""
 
-    def end_round(self, rnd: int, models: dict[int, dict[str, nn.Module]], evaluate: bool) -> tuple[Scores,
-                                                                                                     dict[int, Any]]:
+    def end_round(self, rnd: int, models: dict[int, dict[str, nn.Module]], *,
+                  evaluate: bool) -> tuple[Scores, dict[int, Any]]:
         """The end of round ``rnd``: each client keeps its model (a failed one its round-start model) and, with
         ``evaluate``, scores its own model f_i (as ``"client"``) and the models the server sends it (``models[id]``,
         e.g. ``{"teacher": h_pi(i)}``) on its own splits.

@@ -173,8 +173,8 @@ class InProcessClients(Clients):
     def fail(self, rnd: int, client: int) -> None:
         self.clients[client].model = self._start[client]
 
-    def end_round(self, rnd: int, models: dict[int, dict[str, nn.Module]], evaluate: bool) -> tuple[Scores,
-                                                                                                     dict[int, Any]]:
+    def end_round(self, rnd: int, models: dict[int, dict[str, nn.Module]], *,
+                  evaluate: bool) -> tuple[Scores, dict[int, Any]]:
         if not evaluate:
             return {}, {}
         priors = self._teacher_priors(rnd, models)

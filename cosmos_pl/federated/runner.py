@@ -28,7 +28,6 @@ from cosmos_pl import signals
 from cosmos_pl.algorithms.base import Algorithm, FederationContext, ServerResult
 from cosmos_pl.data import Federation
 from cosmos_pl.errors import ConfigError
-from cosmos_pl.federated import faults
 from cosmos_pl.runs import checkpoint
 from cosmos_pl.runs.checkpoint import capture_rng, restore_rng
 from cosmos_pl.federated.clients import Clients
@@ -76,8 +75,7 @@ class Runner:
         checkpoint_meta: plain values every checkpoint holds beside the state (config hash, W&B run id).
         transport: ``(view) -> Clients``, the clients over another transport (Flower), built from a
             :class:`~cosmos_pl.federated.server_view.ServerView`; default in-process
-            (:meth:`~cosmos_pl.federated.in_process.InProcessClients.build`). With ``$COSMOS_PL_TEST_FAULTS`` set,
-            the clients are wrapped with the test faults (:func:`cosmos_pl.federated.faults.wrap`).
+            (:meth:`~cosmos_pl.federated.in_process.InProcessClients.build`).
         device: what the stages train on (:func:`cosmos_pl.training.cuda_check.describe_device`), kept in
             summary.json as ``device``; None: not recorded.
 
@@ -110,7 +108,6 @@ class Runner:
         self.executor = Executor(settings.executor, self.trainer.accelerator)
         self.run_tasks = TaskRunner(self.executor, self.console, self.failure_cfg.timeout_s)
         self.public, self.round_seconds, self.clusters_info = self.server.public_x, {}, {}
-        planned_faults = faults.load()  # test-only (none unless $COSMOS_PL_TEST_FAULTS is set); a bad one fails here
         self.executor.keep_resident("U", self.public)  # sent to each worker once, kept there (and one GPU copy)
         self.fingerprint = public_fingerprint(self.public)
         self.last_checkpoint: Optional[Path] = None
@@ -128,8 +125,7 @@ class Runner:
         view = ServerView(self.server, self.fingerprint, self.comm, self.runtime, self.rounds,
                           self.failure_cfg.timeout_s, self.console, self.recorder, self.run_tasks, self.reference,
                           self._report_losses)
-        # a deployment's clients have joined and described themselves; test faults (none in normal use) wrap them
-        self.clients = faults.wrap(transport(view), planned_faults)
+        self.clients = transport(view)  # a deployment's clients have joined and described themselves
         self.state = RoundState(self.failure_cfg, len(self.clients.infos), self.clients.fail, self.console.print)
         try:
             self._setup_algorithm()
@@ -169,8 +165,8 @@ class Runner:
     def reference(self, client: int) -> dict[str, torch.Tensor]:
         """The float tensors a client's weights must match: the server's own copy of its reported architecture (its
         random draws kept apart from the run's). Built once per architecture and shared: only its keys, shapes and
-        dtypes are read (a backbone built per client and round cost the server 15 ms per client for test_efficientnet,
-        136 ms for resnet18, on a 2-core CPU)."""
+        dtypes are read, and building a backbone per client and round is a cost the server need not pay
+        (docs/performance.md, "The server's reference weights")."""
         name = self.clients.infos[client].backbone
         if name not in self._references:
             with torch.random.fork_rng(devices=[]):  # CPU only: no CUDA context in this process
@@ -281,7 +277,7 @@ class Runner:
         evaluated = rnd in (0, self.rounds) or (every != "final" and rnd % every == 0)
         infos = self.clients.infos
         scores, failed = self.clients.end_round(rnd, {c.id: self.algorithm.eval_models(c.id) for c in infos},
-                                                evaluated)
+                                                evaluate=evaluated)
         for i, failure in failed.items():  # a step that rode on the end of the round, a lost node
             self.state.fail(rnd, i, failure.step or "evaluation", failure.reason)
         self.state.settle(rnd)

@@ -22,9 +22,8 @@ every node reply), :mod:`~cosmos_pl.flower.bindings` (which SuperNode key holds 
 node side: :mod:`~cosmos_pl.flower.client_app`
 (the ClientApp), :mod:`~cosmos_pl.flower.node` (the message handlers), :mod:`~cosmos_pl.flower.node_data` (the run's
 settings, the client's data and U, the data cache), :mod:`~cosmos_pl.flower.node_state` (the node's directories,
-identity and committed model). Both: :mod:`~cosmos_pl.flower.wire`, :mod:`~cosmos_pl.flower.audit` (test-only:
-the paths a process opens); deployment tools: :mod:`~cosmos_pl.flower.run`, :mod:`~cosmos_pl.flower.keys`,
-:mod:`~cosmos_pl.flower.localhost` (a deployment on this machine: ``make deploy-demo``).
+identity and committed model). Both: :mod:`~cosmos_pl.flower.wire`; deployment tools: :mod:`~cosmos_pl.flower.run`,
+:mod:`~cosmos_pl.flower.keys`, :mod:`~cosmos_pl.flower.localhost` (a deployment on this machine: ``make deploy-demo``).
 
 A run is a simulation or a deployment (:func:`~cosmos_pl.flower.server_app.run_mode`); a deployment's ServerApp
 builds no client data (:mod:`cosmos_pl.data.guard`).

@@ -22,13 +22,11 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from cosmos_pl.flower import node
-from cosmos_pl.flower.audit import audit_opens
 from cosmos_pl.flower.node_state import identity
 
 __all__ = ["app", "respond", "HANDLERS"]
 
 app = ClientApp()
-audit_opens()  # test-only, and only with $COSMOS_PL_AUDIT_OPENS set (cosmos_pl.flower.audit)
 
 
 def respond(handler: Callable[[RecordDict, Context], RecordDict], content: RecordDict, context: Context) -> RecordDict:

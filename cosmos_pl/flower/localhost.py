@@ -150,8 +150,6 @@ def flwr_home(home: Path, port: int, ca: Path) -> dict[str, str]:
                                       f'address = "127.0.0.1:{port}"\nroot-certificates = "{ca}"\n')
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "FLWR_HOME": str(home),
            "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "NO_COLOR": "1"}
-    for name in ("COSMOS_PL_TEST_FAULTS", "COSMOS_PL_AUDIT_OPENS"):
-        env.pop(name, None)
     return env
 
 

@@ -12,10 +12,6 @@ What the server sends is checked before the node acts on it: the run token and U
 paths on the node (:func:`~cosmos_pl.flower.node_state.checked_hex`), a teacher must have exactly the model's
 floating-point tensors (:func:`sent_models`). In a deployment (the hello's ``mode``) a node serves its own folder
 (node config ``data``) or refuses to join.
-
-For tests of a hostile node in a real deployment, a node honours the test faults of
-:mod:`cosmos_pl.federated.faults` set in the SuperNode's environment: ``upload`` faults corrupt its pseudo-labels,
-a ``hello`` fault ``malformed`` replies a malformed hello. Nothing reads them in normal use.
 """
 
 from __future__ import annotations
@@ -25,7 +21,6 @@ from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
 
 from cosmos_pl.communication import CommunicationConfig
 from cosmos_pl.errors import ConfigError
-from cosmos_pl.federated import faults
 from cosmos_pl.files import atomic_save
 from cosmos_pl.flower import wire
 from cosmos_pl.flower.node_data import NodeRun, SiteDataError, load_run
@@ -73,9 +68,6 @@ def hello(content: RecordDict, context: Context) -> RecordDict:
         raise ConfigError("node config partition-id=None: give each node its own client, 0..N-1 "
                           "(flower-supernode --node-config 'partition-id=0')")
     cid = int(pid)
-    if faults.find_hello(faults.load(), cid) == "malformed":  # test only: a hostile node, before any work
-        return RecordDict({"config": ConfigRecord({"client_id": "one", "train_size": -5, "parameters": float("nan"),
-                                                   "backbone": 7})})
     mode = str(cfg.get("mode", "simulation"))
     if mode not in MODES:
         raise ConfigError(f"the server sent mode={mode!r}: expected one of {', '.join(MODES)} (a server of another "
@@ -177,9 +169,7 @@ def run_steps(content: RecordDict, run: NodeRun, client: Client, rnd: int) -> di
 
 
 def pseudo_labels(content: RecordDict, context: Context) -> RecordDict:
-    """Run the carried training steps, then reply the client's pseudo-labels on U encoded per the round's options
-    (an ``upload`` test fault planned for this round and client corrupts them:
-    :func:`cosmos_pl.federated.faults.corrupt`).
+    """Run the carried training steps, then reply the client's pseudo-labels on U encoded per the round's options.
 
     Raises:
         ValueError: the server's U fingerprint differs from this node's (the client does not answer for another U).
@@ -197,9 +187,6 @@ def pseudo_labels(content: RecordDict, context: Context) -> RecordDict:
     fn, kwargs = run.runtime.predict(client, rnd)
     payload = encode_upload(fn(**kwargs), str(cfg["kind"]), CommunicationConfig(str(cfg["dtype"]), top_k),
                             run.fingerprint)
-    fault = faults.find(faults.load(), rnd, client.id, "upload")
-    if fault in faults.UPLOAD_KINDS:  # test only: a hostile node's upload, which the server must refuse
-        payload = faults.corrupt(payload, fault)
     arrays, meta = wire.payload_to_record(payload)
     return RecordDict({"arrays": arrays, "config": ConfigRecord(meta), "losses": MetricRecord(losses)})
 

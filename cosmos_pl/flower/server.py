@@ -281,8 +281,8 @@ class FlowerClients(NodeJoining, Clients):
     def fail(self, rnd: int, client: int) -> None:
         self._failed.add(client)  # its node rolls back to its committed model at the end of the round
 
-    def end_round(self, rnd: int, models: dict[int, dict[str, nn.Module]], evaluate: bool) -> tuple[Scores,
-                                                                                                     dict[int, Any]]:
+    def end_round(self, rnd: int, models: dict[int, dict[str, nn.Module]], *,
+                  evaluate: bool) -> tuple[Scores, dict[int, Any]]:
         """Each node runs its queued steps, keeps its model (or rolls back: the server says so, or a step failed
         there) and, with ``evaluate``, scores its own f_i and the models sent with the message on its own splits."""
         requests = {}

@@ -44,7 +44,6 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from cosmos_pl.errors import ConfigError, UserError  # no torch: a missing config fails before it is imported
-from cosmos_pl.flower.audit import audit_opens
 
 __all__ = ["app", "make_server_app", "fit_argv", "main", "run_mode"]
 
@@ -144,7 +143,6 @@ def main(grid: Grid, run_config: dict[str, Any]) -> None:
             ``public``; a bad ``sites`` file), missing data, nodes that did not join, a round that failed (also
             printed as one ``cosmos-pl: error:`` line, which Flower's run status repeats: ``flwr ls --run-id``).
     """
-    audit_opens()
     try:
         argv = fit_argv(run_config)  # before the imports of torch and Lightning: a missing config fails at once
         mode = run_mode(grid, run_config)

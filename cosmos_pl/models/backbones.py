@@ -336,7 +336,7 @@ def _cifar_alexnet(num_classes: int, in_chans: int) -> nn.Module:
     return model
 
 
-def _create_torchvision(name: str, num_classes: int, in_chans: int, small: bool) -> nn.Module:
+def _create_torchvision(name: str, num_classes: int, in_chans: int, *, small: bool) -> nn.Module:
     import torchvision  # here, not at import: the CLI checks settings without it
 
     if name == "alexnet":
@@ -467,7 +467,7 @@ def create_backbone(name: str, num_classes: int, in_chans: int = 3, image_size: 
     if _pretrained_tag(name) is not None and timm.is_model(name):
         raise _pretrained_tag_error(name, "backbone")
     if name in TORCHVISION_BACKBONES:
-        model = _create_torchvision(name, num_classes, in_chans, small)
+        model = _create_torchvision(name, num_classes, in_chans, small=small)
     elif isinstance(name, str) and timm.is_model(name):
         kwargs = {}
         if small and _is_timm_vgg(name):

@@ -36,6 +36,7 @@ def distillation_loss(
     view_logits: torch.Tensor | None = None,
     lam: float = 0.0,
     weights: torch.Tensor | None = None,
+    *,
     target_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eq. 1 (server) / Eq. 2 (client) of the COSMOS paper, for one batch.
@@ -111,6 +112,7 @@ class DistillationModule(CosmosModule):
         transformations: Transformations | None = None,
         lam: float = 5.0,
         num_views: int = 1,
+        *,
         channels_last: bool = False,
         target_grad: bool = False,
         augment: bool = False,
@@ -124,7 +126,8 @@ class DistillationModule(CosmosModule):
             raise ValueError(f"num_views={num_views}: at least one view x' is needed")
         if lam > 0 and transformations is None:
             raise ValueError("lambda_ > 0 needs transformations to draw views x' in B(x); set lambda_: 0 or give transformations")
-        super().__init__(backbone, optimizer, transformations, channels_last, where, optimizer_key)
+        super().__init__(backbone, optimizer, transformations, channels_last=channels_last, where=where,
+                         optimizer_key=optimizer_key)
         self.lam = lam
         self.num_views = num_views
         self.target_grad = target_grad
@@ -153,7 +156,7 @@ class DistillationModule(CosmosModule):
         logits = self.backbone(torch.cat(inputs))
         clean = logits[:b]
         views = logits[b:].reshape(self.num_views, b, -1) if self.lam > 0 else None
-        loss, kl, reg = distillation_loss(clean, targets, views, self.lam, weights, self.target_grad)
+        loss, kl, reg = distillation_loss(clean, targets, views, self.lam, weights, target_grad=self.target_grad)
         self._track(loss, kl=kl, r_b=reg)
         return loss
 

@@ -65,11 +65,12 @@ class JointModule(CosmosModule):
     """
 
     def __init__(self, backbone: nn.Module, optimizer: OptimizerFactory, transformations: Transformations | None = None,
-                 lam: float = 1.0, channels_last: bool = False, where: str = "training",
+                 lam: float = 1.0, *, channels_last: bool = False, where: str = "training",
                  optimizer_key: str = "") -> None:
         if lam < 0:
             raise ValueError(f"lambda_={lam}: the weight of the distillation term must be >= 0")
-        super().__init__(backbone, optimizer, transformations, channels_last, where, optimizer_key)
+        super().__init__(backbone, optimizer, transformations, channels_last=channels_last, where=where,
+                         optimizer_key=optimizer_key)
         self.lam = lam
 
     def _more_fixes(self) -> str:

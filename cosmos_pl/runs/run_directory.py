@@ -94,7 +94,7 @@ class RunDirectory:
         return removed
 
     @classmethod
-    def prepare(cls, path: str | Path, overwrite: bool = False, key: str = "--run_dir") -> RunDirectory:
+    def prepare(cls, path: str | Path, *, overwrite: bool = False, key: str = "--run_dir") -> RunDirectory:
         """The folder ``path`` for a new run, created if missing and locked.
 
         Raises:

@@ -43,8 +43,8 @@ class TrainerConfig:
             with Lightning's gradient scaler) or "32-true"; null: refuse such a run before training.
         inference_batch_size: batch size for pseudo-labels on U and for evaluation (no gradients); unset: 1024 on
             a GPU, 128 on the CPU, where large batches run slower (see :func:`inference_batch`).
-        channels_last: keep models and batches in channels-last memory format (about 1.7x faster
-            convolutions on this project's 2-core CPU, and the fast path for mixed precision on GPUs).
+        channels_last: keep models and batches in channels-last memory format (faster convolutions on the
+            CPU, docs/performance.md, and the fast path for mixed precision on GPUs).
         compile: wrap each backbone in ``torch.compile`` for training. The compile is paid in every process
             that trains (each parallel worker) for each architecture, and again where the input shapes or the
             train/eval state change (a smaller last batch, BatchNorm frozen); each worker compiles with one thread
@@ -81,8 +81,7 @@ class TrainerConfig:
 
 
 #: The inference batch size when ``trainer.inference_batch_size`` is unset, by device type. On the CPU a batch of
-#: 1024 thrashes the caches: per image, inference at 128 ran 1.3x to 1.7x faster than at 1024 on this project's
-#: 2-core CPU (test_efficientnet 28x28, resnet18 and mobilenetv3_small_050 32x32, 2 threads).
+#: 1024 thrashes the caches, and 128 is faster per image (docs/performance.md, "Inference batch on the CPU").
 DEFAULT_INFERENCE_BATCH = {"cuda": 1024, "cpu": 128}
 
 

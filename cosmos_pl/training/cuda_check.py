@@ -109,13 +109,14 @@ def nvidia_smi_gpus(timeout: float = 20) -> NvidiaSmi:
             return NvidiaSmi("failed", error=_one_line(str(err)) or type(err).__name__)
         if done.returncode == 0:
             with_capability = fields.endswith("compute_cap")
-            gpus = [_parse_row(line, with_capability) for line in done.stdout.splitlines() if line.strip()]
+            gpus = [_parse_row(line, with_capability=with_capability) for line in done.stdout.splitlines()
+                    if line.strip()]
             return NvidiaSmi("ok", [gpu for gpu in gpus if gpu is not None])
         error = _one_line(done.stdout + "\n" + done.stderr) or f"exit status {done.returncode}"
     return NvidiaSmi("failed", error=error)
 
 
-def _parse_row(line: str, with_capability: bool) -> Optional[NvidiaGpu]:
+def _parse_row(line: str, *, with_capability: bool) -> Optional[NvidiaGpu]:
     parts = [p.strip() for p in line.split(",")]
     if len(parts) < (5 if with_capability else 4):
         return None

@@ -45,7 +45,7 @@ def _nonfinite_logits_error(model: nn.Module, logits: torch.Tensor, start: int, 
                            f"training diverged; {fix}")
 
 
-def batched_logits(model: nn.Module, x: torch.Tensor, trainer: TrainerConfig, where: str = "inference",
+def batched_logits(model: nn.Module, x: torch.Tensor, trainer: TrainerConfig, where: str = "inference", *,
                    keep_on_device: bool = False):
     """Yield ``(start, float logits [b, M])`` per inference batch of ``x``, in order; raise :class:`DivergenceError`
     at the first batch with a non-finite logit.
@@ -88,7 +88,7 @@ def batched_logits(model: nn.Module, x: torch.Tensor, trainer: TrainerConfig, wh
         model.cpu().train(was_training)
 
 
-def predict_probs(model: nn.Module, x: torch.Tensor, trainer: TrainerConfig, where: str = "inference",
+def predict_probs(model: nn.Module, x: torch.Tensor, trainer: TrainerConfig, where: str = "inference", *,
                   keep_on_device: bool = False) -> torch.Tensor:
     """Soft pseudo-labels ``softmax(model(x))``: uint8 ``[n, C, H, W]`` -> float32 ``[n, M]`` on the CPU.
     ``keep_on_device``: ``x`` is U, copied to the GPU once per process (see :func:`batched_logits`).
@@ -97,7 +97,8 @@ def predict_probs(model: nn.Module, x: torch.Tensor, trainer: TrainerConfig, whe
         DivergenceError: a logit is non-finite; the message starts with ``where`` (e.g. ``"round 1,
             pseudo-labels on U, client 3"``).
     """
-    chunks = [logits.softmax(dim=1).cpu() for _, logits in batched_logits(model, x, trainer, where, keep_on_device)]
+    chunks = [logits.softmax(dim=1).cpu()
+              for _, logits in batched_logits(model, x, trainer, where, keep_on_device=keep_on_device)]
     return torch.cat(chunks) if chunks else torch.empty(0)
 
 

@@ -68,6 +68,7 @@ class CosmosModule(pl.LightningModule):
         backbone: nn.Module,
         optimizer: OptimizerFactory,
         transformations: Transformations | None = None,
+        *,
         channels_last: bool = False,
         where: str = "training",
         optimizer_key: str = "",

@@ -125,8 +125,8 @@ class CIFAR10Subset(ImageDataset):
         import torchvision
 
         how = f"put {self.path} in place, or allow download: true (needs network) into {self.root}"
-        tr, te = torchvision_pair(type(self).__name__, torchvision.datasets.CIFAR10, self.root, self.download, how,
-                                   looked_at=[self.path, self.root])
+        tr, te = torchvision_pair(type(self).__name__, torchvision.datasets.CIFAR10, self.root,
+                                   download=self.download, how=how, looked_at=[self.path, self.root])
         keep = balanced_subset(np.asarray(tr.targets), self.per_class, self.seed)
         return from_numpy(f"{self.name} (torchvision, {self.per_class} per class, seed {self.seed})",
                            tr.data[keep], np.asarray(tr.targets)[keep], te.data, te.targets, tr.classes,

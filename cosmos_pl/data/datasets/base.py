@@ -171,7 +171,7 @@ def data_not_found(name: str, looked_at: list, how: str, cause: BaseException | 
     return FileNotFoundError(msg)
 
 
-def from_numpy(name: str, x_train, y_train, x_test, y_test, classes, channels_last: bool,
+def from_numpy(name: str, x_train, y_train, x_test, y_test, classes, *, channels_last: bool,
                 source: str = "") -> ImageData:
     """Convert [N,H,W] or [N,H,W,C] (channels_last) / [N,C,H,W] arrays to ImageData.
 
@@ -231,7 +231,7 @@ def _float_hint(x: np.ndarray) -> str:
             "normalization, then save them as uint8 0..255")
 
 
-def torchvision_pair(name: str, make, root: str, download: bool, how: str, looked_at: list | None = None):
+def torchvision_pair(name: str, make, root: str, *, download: bool, how: str, looked_at: list | None = None):
     """Build the train and test torchvision data sets, wrapping failures as FileNotFoundError."""
     try:
         return make(root=root, train=True, download=download), make(root=root, train=False, download=download)

@@ -111,7 +111,8 @@ class FashionMNIST(ImageDataset):
                f"download: true and network access torchvision downloads it into {folder / 'raw'}, or put the four "
                f"IDX .gz files ({', '.join(f'{stem}.gz' for stem in self.FILES)}) there (read with download: true)")
         looked_at = [self.SYSTEM_DIR, self.root]
-        tr, te = torchvision_pair("FashionMNIST", torchvision.datasets.FashionMNIST, self.root, self.download, how, looked_at)
+        tr, te = torchvision_pair("FashionMNIST", torchvision.datasets.FashionMNIST, self.root, download=self.download,
+                                  how=how, looked_at=looked_at)
         got = "read from" if any(present) else "downloaded by torchvision into"
         return ImageData(f"{self.name} ({got} {folder})", tr.data.unsqueeze(1), tr.targets.long(),
                          te.data.unsqueeze(1), te.targets.long(), classes, self.root)
@@ -175,7 +176,7 @@ class CIFAR10(ImageDataset):
             FileNotFoundError: not in ``root`` and downloading is off or fails.
         """
         how = "put the torchvision copy under root, or use NpzData with ../shared/data/cifar10_subset.npz"
-        tr, te = torchvision_pair(type(self).__name__, self._factory(), self.root, self.download, how)
+        tr, te = torchvision_pair(type(self).__name__, self._factory(), self.root, download=self.download, how=how)
         # torchvision keeps CIFAR as HWC uint8 numpy arrays.
         return from_numpy(self.name, tr.data, tr.targets, te.data, te.targets, tr.classes, channels_last=True,
                            source=self.root)
@@ -227,7 +228,8 @@ class EMNISTBalanced(ImageDataset):
         def make(root, train, download):
             return torchvision.datasets.EMNIST(root, split="balanced", train=train, download=download)
 
-        tr, te = torchvision_pair("EMNIST", make, self.root, self.download, "put the torchvision copy under root")
+        tr, te = torchvision_pair("EMNIST", make, self.root, download=self.download,
+                                  how="put the torchvision copy under root")
         def fix(x: torch.Tensor) -> torch.Tensor:
             # The raw EMNIST images are stored transposed; torchvision does not undo it.
             return x.transpose(-1, -2).unsqueeze(1).contiguous()

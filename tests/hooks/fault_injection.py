@@ -1,11 +1,17 @@
 """Test-only fault injection: make chosen clients misbehave, to test how a run survives it.
 
-The faults ride on a wrapper of the run's clients, :class:`FaultyClients` (:func:`wrap`, a no-op unless the
-variable below is set), so the round loop and the transports carry no fault code of their own.
+Nothing in ``cosmos_pl`` knows of it: the tests install it (:func:`install`), and it wraps what builds a run's
+clients, so the round loop, the transports and the Flower node carry no fault code of their own. A test in this
+process uses the ``injected_faults`` fixture (``tests/conftest.py``); a test that starts ``cosmos-pl`` or a Flower
+SuperNode puts this folder on the child's ``PYTHONPATH`` (:func:`hooks_path.with_hooks`), whose ``sitecustomize``
+applies :data:`PATCHES` as their modules are imported when ``$COSMOS_PL_TEST_FAULTS`` is set. What is wrapped:
 
-Set ``COSMOS_PL_TEST_FAULTS`` to a JSON list of ``{"round": r, "client": i, "step": s, "kind": k}``; nothing
-reads it in normal use. Task faults (``step`` is a stage: 'local training', 'pseudo-labels', 'client
-distillation', 'joint training', 'co-training'):
+- the in-process clients (:meth:`cosmos_pl.federated.in_process.InProcessClients.build`) and the Flower server's
+  clients (:class:`cosmos_pl.flower.server.FlowerClients`): :func:`wrap`, read when the Runner builds them;
+- a Flower node's ``hello`` and ``pseudo_labels`` handlers (:mod:`cosmos_pl.flower.node`): a hostile node.
+
+Set ``COSMOS_PL_TEST_FAULTS`` to a JSON list of ``{"round": r, "client": i, "step": s, "kind": k}``. Task faults
+(``step`` is a stage: 'local training', 'pseudo-labels', 'client distillation', 'joint training', 'co-training'):
 
 - ``raise``: the step raises RuntimeError; ``nan``: the model's weights are set to NaN before training, so the
   real non-finite-loss check fails; ``hang``: the model's first forward pass (inside Lightning's training loop,
@@ -24,19 +30,23 @@ the server must refuse. The node is matched on ``client`` (its ``partition-id``)
 node is greeted when it joins, whatever the round) and may be left out.
 
 Task faults apply to in-process clients (their tasks are wrapped where they run); upload and drop faults to any
-transport's clients, where the server receives them. A Flower node (:mod:`cosmos_pl.flower.node`) applies the
-upload and hello faults itself when the variable is set in its SuperNode's environment: its pseudo-labels are
-corrupted before they are sent, as a hostile node would send them, for tests of a real deployment.
+transport's clients, where the server receives them. A Flower node whose SuperNode has the variable (and this
+folder on its ``PYTHONPATH``) applies the upload and hello faults itself: its pseudo-labels are corrupted before they
+are sent, as a hostile node would send them, for tests of a real deployment.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import importlib
+import importlib.util
 import json
 import os
 import signal
 import time
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Callable, Optional
 
 import torch
@@ -49,7 +59,7 @@ from cosmos_pl.objectives.step import ClientStep, Task
 from cosmos_pl.training.client import Client
 
 __all__ = ["ENV", "HELLO_KINDS", "TASK_KINDS", "UPLOAD_KINDS", "Fault", "FaultyClients", "FaultyRuntime", "load",
-           "find", "find_hello", "run_with_fault", "corrupt", "wrap"]
+           "find", "find_hello", "run_with_fault", "corrupt", "wrap", "PATCHES", "install"]
 
 ENV = "COSMOS_PL_TEST_FAULTS"
 TASK_KINDS = ("raise", "nan", "hang", "kill")
@@ -200,9 +210,9 @@ class FaultyClients(Clients):
     def fail(self, rnd: int, client: int) -> None:
         self.clients.fail(rnd, client)
 
-    def end_round(self, rnd: int, models: dict[int, dict[str, nn.Module]], evaluate: bool) -> tuple[Scores,
-                                                                                                     dict[int, Any]]:
-        return self.clients.end_round(rnd, models, evaluate)
+    def end_round(self, rnd: int, models: dict[int, dict[str, nn.Module]], *,
+                  evaluate: bool) -> tuple[Scores, dict[int, Any]]:
+        return self.clients.end_round(rnd, models, evaluate=evaluate)
 
     def pretrain(self, epochs: int, cache: Any = None, key: str = "") -> dict[int, Any]:
         return self.clients.pretrain(epochs, cache, key)
@@ -233,3 +243,72 @@ def wrap(clients: Clients, planned: list[Fault]) -> Clients:
     """``clients`` with the ``planned`` faults (:func:`load`; :class:`FaultyClients`), or ``clients`` itself when
     none are planned (normal use)."""
     return FaultyClients(clients, planned) if planned else clients
+
+
+# --------------------------------------------------------------------------- installing the wrappers
+def _patch_in_process(module: ModuleType, set_attr: Callable[..., None]) -> None:
+    """The in-process clients, wrapped with the faults planned when they are built."""
+    cls = module.InProcessClients
+    build = cls.__dict__["build"].__func__
+
+    def faulty_build(klass: type, view: Any, **kwargs: Any) -> Clients:
+        return wrap(build(klass, view, **kwargs), load())
+
+    set_attr(cls, "build", classmethod(functools.wraps(build)(faulty_build)))
+
+
+def _patch_flower_server(module: ModuleType, set_attr: Callable[..., None]) -> None:
+    """The Flower server's clients (built by the ServerApp, ``functools.partial(FlowerClients, ...)``), wrapped."""
+    flower_clients = module.FlowerClients
+
+    def faulty_flower_clients(*args: Any, **kwargs: Any) -> Clients:
+        return wrap(flower_clients(*args, **kwargs), load())
+
+    set_attr(module, "FlowerClients", faulty_flower_clients)
+
+
+def _patch_node(module: ModuleType, set_attr: Callable[..., None]) -> None:
+    """A Flower node's ``hello`` (a ``hello`` fault: a malformed reply, before any work) and ``pseudo_labels`` (an
+    ``upload`` fault: the reply's pseudo-labels corrupted, :func:`corrupt`)."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    from cosmos_pl.flower import wire
+
+    hello, pseudo_labels = module.hello, module.pseudo_labels
+
+    @functools.wraps(hello)
+    def faulty_hello(content: RecordDict, context: Any) -> RecordDict:
+        module.check_node_config(context.node_config)  # a bad node config is refused first, as without a fault
+        pid = context.node_config.get("partition-id")
+        if pid is not None and find_hello(load(), int(pid)) == "malformed":
+            return RecordDict({"config": ConfigRecord({"client_id": "one", "train_size": -5,
+                                                       "parameters": float("nan"), "backbone": 7})})
+        return hello(content, context)
+
+    @functools.wraps(pseudo_labels)
+    def faulty_pseudo_labels(content: RecordDict, context: Any) -> RecordDict:
+        reply = pseudo_labels(content, context)
+        kind = find(load(), int(content["config"]["round"]), int(context.node_config["partition-id"]), "upload")
+        if kind not in UPLOAD_KINDS:
+            return reply
+        arrays, meta = wire.payload_to_record(corrupt(wire.record_to_payload(reply["arrays"], reply["config"]), kind))
+        return RecordDict({"arrays": arrays, "config": ConfigRecord(meta), "losses": reply["losses"]})
+
+    set_attr(module, "hello", faulty_hello)
+    set_attr(module, "pseudo_labels", faulty_pseudo_labels)
+
+
+#: The modules whose attributes the faults wrap, each with its patch ``(module, set_attr)``.
+PATCHES: dict[str, Callable[[ModuleType, Callable[..., None]], None]] = {
+    "cosmos_pl.federated.in_process": _patch_in_process, "cosmos_pl.flower.server": _patch_flower_server,
+    "cosmos_pl.flower.node": _patch_node}
+
+
+def install(set_attr: Callable[..., None] = setattr) -> None:
+    """Wrap, in this process, what builds the clients and a Flower node's handlers (module docstring); the Flower
+    parts only where ``flwr`` is installed. ``set_attr``: how each attribute is replaced (a test passes
+    ``monkeypatch.setattr``, which puts the originals back after it)."""
+    for name, patch in PATCHES.items():
+        if name.startswith("cosmos_pl.flower.") and importlib.util.find_spec("flwr") is None:
+            continue
+        patch(importlib.import_module(name), set_attr)

@@ -1,10 +1,10 @@
 """Test-only: list every path a process opens, so a test can show which files a deployment's processes read.
 
 With ``$COSMOS_PL_AUDIT_OPENS`` set to a file, :func:`audit_opens` appends every path this process opens to it
-(Python's audit hooks, :func:`sys.addaudithook`); nothing reads it in normal use. The ServerApp and every ClientApp
-call it when they start, and inherit the variable from the SuperLink and the SuperNodes that start them: the
-localhost deployment test (``tests/test_flower_deployment.py``) gives the SuperLink one file and each SuperNode its
-own, then checks that the server opens no file of any site and each node only its own site's.
+(Python's audit hooks, :func:`sys.addaudithook`). ``sitecustomize`` (this folder on ``PYTHONPATH``) calls it when a
+process starts: the localhost deployment test (``tests/test_flower_deployment.py``) gives the SuperLink one file and
+each SuperNode its own, which the ServerApp and ClientApp processes they start inherit, then checks that the server
+side opens no file of any site and each node only its own site's.
 """
 
 from __future__ import annotations
