@@ -73,7 +73,8 @@ class ClientStep:
 
         Raises:
             ValueError: another class already has this name (the same class defined again, as a reloaded module
-                does, replaces it), or the stage name or id is taken (:func:`~cosmos_pl.training.config.register_stage`).
+                does, replaces it), or the stage name or id is taken
+                (:func:`~cosmos_pl.training.config.register_stage`).
         """
         super().__init_subclass__(**kwargs)
         known = CLIENT_STEPS.get(cls.__name__)
