@@ -90,3 +90,13 @@ def test_no_import_cycles(repo_root):
                 start = cycle.index(min(cycle[:-1]))  # the same cycle found from any of its modules: once
                 cycles.add(" -> ".join(cycle[start:-1] + cycle[:start + 1]))
     assert not cycles, "import cycles:\n" + "\n".join(sorted(cycles))
+
+
+def test_no_import_cycles_through_type_annotations():
+    """Nor through imports made only for type annotations (under ``if TYPE_CHECKING:``): a module that needs
+    another's type imports it, or a protocol of what it reads, one way only."""
+    graph = grimp.build_graph(PACKAGE, cache_dir=None, exclude_type_checking_imports=False)
+    cycles = {" -> ".join((importer, *chain)) for importer in sorted(graph.modules)
+              for imported in sorted(graph.find_modules_directly_imported_by(importer))
+              for chain in [graph.find_shortest_chain(importer=imported, imported=importer)] if chain}
+    assert not cycles, "import cycles:\n" + "\n".join(sorted(cycles))

@@ -28,11 +28,14 @@ import torch
 
 from cosmos_pl.algorithms.base import Algorithm, ServerResult, check_setting
 from cosmos_pl.communication import pseudo_label_bytes
+from cosmos_pl.training.config import register_stage
 
 if TYPE_CHECKING:
     from cosmos_pl.algorithms.base import Step
 
 __all__ = ["COMET", "kmeans", "kmeans_clusters"]
+
+register_stage("kmeans", 7)  # seeds each round's K-means
 
 
 def kmeans(uploads: dict[int, torch.Tensor], k: int, seed: int, n_init: int = 10,

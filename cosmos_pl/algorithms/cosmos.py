@@ -29,11 +29,15 @@ from cosmos_pl.errors import ConfigError
 from cosmos_pl.losses import apply_temperature
 from cosmos_pl.models import check_backbone_name, count_parameters
 from cosmos_pl.optim import OptimizerCallable
+from cosmos_pl.training.config import register_stage
 
 if TYPE_CHECKING:
     from cosmos_pl.algorithms.base import Step
 
 __all__ = ["COSMOS", "teacher_stage"]
+
+register_stage("teacher", 2)  # seeds each teacher's Eq. 1 training, per round
+register_stage("teacher_init", 4)  # seeds each teacher's initial weights
 
 _ADAM_1E4 = {"class_path": "torch.optim.Adam", "init_args": {"lr": 1.0e-4}}
 

@@ -1,5 +1,6 @@
-"""The client objectives, one module each: the step a plan names (its fields, stage name and wire encoding), its
-LightningModule, its loss and its stage function, on the generic engine of :mod:`cosmos_pl.training`.
+"""The client objectives, one module each: the step a plan names (its fields, stage name, seed's stage id and wire
+encoding), its LightningModule, its loss and its stage function, on the shared stage runner
+(:func:`~cosmos_pl.objectives.stage.run_stage`) and the generic engine of :mod:`cosmos_pl.training`.
 
 | module | step | objective | used by |
 | --- | --- | --- | --- |
@@ -11,9 +12,31 @@ LightningModule, its loss and its stage function, on the generic engine of :mod:
 | :mod:`~cosmos_pl.objectives.finetune` | ``FineTune`` | the global model fine-tuned with CE | FedBABU |
 | :mod:`~cosmos_pl.objectives.protocol` | ``Upload``, ``LoadWeights``, ``StartGlobal`` | no training: what is sent, loaded, copied | ``Upload``: all but local-only; ``LoadWeights``: FedAvg, Ditto, FedBABU; ``StartGlobal``: Ditto, FedBABU |
 
-Beside them: :mod:`~cosmos_pl.objectives.step` (the :class:`~cosmos_pl.objectives.step.ClientStep` base), :mod:`~cosmos_pl.objectives.wire`
-(a message's steps on the wire) and :mod:`~cosmos_pl.objectives.runtime` (the settings every step reads and the
-inference tasks). The objective modules import Lightning; ``step``, ``wire``, ``runtime`` and ``protocol`` do not, and this package imports none of
-its modules, so an algorithm's settings are parsed without the trainer stack (the algorithms import their steps in
-``plan``).
+Beside them: :mod:`~cosmos_pl.objectives.step` (the :class:`~cosmos_pl.objectives.step.ClientStep` base, whose
+subclasses register themselves and their stage ids), :mod:`~cosmos_pl.objectives.stage` (the stage runner),
+:mod:`~cosmos_pl.objectives.wire` (a message's steps on the wire) and :mod:`~cosmos_pl.objectives.runtime` (the
+settings every step reads and the inference tasks). The objective modules and ``stage`` import Lightning; ``step``,
+``wire``, ``runtime`` and ``protocol`` do not, and this package imports none of its modules until
+:func:`import_objectives` is called (a node decoding steps), so an algorithm's settings are parsed without the
+trainer stack (the algorithms import their steps in ``plan``). A new objective is one new module here: nothing
+lists it.
 """
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+__all__ = ["import_objectives"]
+
+
+def import_objectives() -> None:
+    """Import every module of this package (once; Python keeps them), so that every client step is in
+    :data:`~cosmos_pl.objectives.step.CLIENT_STEPS` and every stage id in
+    :data:`~cosmos_pl.training.config.STAGE_IDS`.
+
+    Raises:
+        ValueError: two steps share a class name, or two stages a name or an id.
+    """
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")

@@ -9,22 +9,18 @@ lambda 0), and a cluster teacher distills its clients' mean pseudo-label (Eq. 1,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 import torch
-from lightning.fabric.utilities.seed import seed_everything
 from torch import nn
 
 from cosmos_pl.losses import adjust_to_prior, kl_per_sample
-from cosmos_pl.objectives.step import ClientStep, Task
-from cosmos_pl.training.checks import check_targets
-from cosmos_pl.training.config import TrainerConfig, stage_seed
-from cosmos_pl.training.engine import fit, loader, on_device
+from cosmos_pl.objectives.stage import run_stage
+from cosmos_pl.objectives.step import ClientStep, StepSettings, Task
 from cosmos_pl.training.module import LARGE_LAMBDA, CosmosModule, OptimizerFactory
 from cosmos_pl.transforms import Transformations
 
 if TYPE_CHECKING:
-    from cosmos_pl.objectives.runtime import ClientRuntime
     from cosmos_pl.training.client import Client
 
 __all__ = ["Distill", "DistillationModule", "distillation_loss", "fit_distillation"]
@@ -161,47 +157,23 @@ class DistillationModule(CosmosModule):
         return loss
 
 
-def fit_distillation(
-    model: nn.Module,
-    x: torch.Tensor,
-    targets: torch.Tensor,
-    *,
-    epochs: int,
-    batch_size: int,
-    optimizer: OptimizerFactory,
-    transformations: Transformations | None,
-    lam: float,
-    num_views: int,
-    trainer: TrainerConfig,
-    seed: int,
-    weights: torch.Tensor | None = None,
-    target_grad: bool = False,
-    augment: bool = False,
-    freeze_bn: bool = False,
-    where: str = "training",
-    optimizer_key: str = "",
-) -> list[dict[str, float]]:
-    """Train ``model`` in place on U: ``x`` uint8 ``[n, C, H, W]``, soft ``targets`` ``[n, M]``, Eq. 1/2.
+def fit_distillation(model: nn.Module, x: torch.Tensor, targets: torch.Tensor, *, lam: float, num_views: int,
+                     weights: torch.Tensor | None = None, target_grad: bool = False, augment: bool = False,
+                     freeze_bn: bool = False, **stage: Any) -> list[dict[str, float]]:
+    """Train ``model`` in place on U: ``x`` uint8 ``[n, C, H, W]``, soft ``targets`` ``[n, M]``, Eq. 1/2
+    (:class:`DistillationModule`, shuffled batches; ``stage``: :func:`~cosmos_pl.objectives.stage.run_stage`'s
+    settings: epochs, batch size, optimizer, transformations, trainer, seed, where, optimizer key).
 
     ``weights`` ``[n]`` are the per-sample w_i(x) of Eq. 2 (default all ones); ``target_grad``, ``augment`` and
-    ``freeze_bn`` are :class:`DistillationModule`'s switches; ``where`` and ``optimizer_key`` name the stage and
-    the setting in error messages. Returns one dict per epoch with the mean ``loss`` and its parts ``kl`` and
-    ``r_b`` (already weighted, before lambda).
+    ``freeze_bn`` are :class:`DistillationModule`'s switches. Returns one dict per epoch with the mean ``loss`` and
+    its parts ``kl`` and ``r_b`` (already weighted, before lambda).
 
     Raises:
         DivergenceError: non-finite targets, a non-finite step loss, or non-finite weights after training.
     """
-    if epochs <= 0 or len(x) == 0:
-        return []
-    check_targets(targets, where)
-    seed_everything(seed, verbose=False)
     w = torch.ones(len(x)) if weights is None else weights.float()
-    module = DistillationModule(model, optimizer, transformations, lam=lam, num_views=num_views,
-                                channels_last=trainer.channels_last, target_grad=target_grad, augment=augment,
-                                freeze_bn=freeze_bn, where=where, optimizer_key=optimizer_key)
-    fit(module, model, trainer, epochs, loader(on_device(trainer, x, targets.float(), w), batch_size, shuffle=True))
-    model.cpu()
-    return module.epoch_parts
+    return run_stage(model, DistillationModule, (x, targets.float(), w), targets=targets, lam=lam,
+                     num_views=num_views, target_grad=target_grad, augment=augment, freeze_bn=freeze_bn, **stage)
 
 
 @dataclass(frozen=True)
@@ -221,12 +193,14 @@ class Distill(ClientStep):
     freeze_bn: bool = False
     prior_correction: bool = False
     stage: ClassVar[str] = "client distillation"
+    seed_stage: ClassVar[str] = "distill"
+    stage_id: ClassVar[int] = 3
+    optimizer_setting: ClassVar[str] = "distill_optimizer"
 
-    def task(self, runtime: "ClientRuntime", client: "Client", rnd: int, target: Optional[torch.Tensor]) -> Task:
+    def task(self, runtime: StepSettings, client: "Client", rnd: int, target: Optional[torch.Tensor]) -> Task:
         if self.prior_correction:
             target = adjust_to_prior(target, torch.bincount(client.data.y, minlength=runtime.num_classes))
         return fit_distillation, dict(
             self.stage_arguments(runtime, client, rnd), x=runtime.public, targets=target, epochs=self.epochs,
-            optimizer=runtime.clients.distill_optimizer, lam=self.lam, num_views=self.num_views,
-            seed=stage_seed(runtime.seed, rnd, "distill", client.id), target_grad=self.target_grad,
-            augment=self.augment, freeze_bn=self.freeze_bn, optimizer_key="clients.distill_optimizer")
+            lam=self.lam, num_views=self.num_views, target_grad=self.target_grad, augment=self.augment,
+            freeze_bn=self.freeze_bn)

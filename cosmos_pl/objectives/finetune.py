@@ -14,11 +14,9 @@ import torch
 from torch import nn
 
 from cosmos_pl.objectives.local_fit import fit_supervised
-from cosmos_pl.objectives.step import ClientStep, Task
-from cosmos_pl.training.config import stage_seed
+from cosmos_pl.objectives.step import ClientStep, StepSettings, Task
 
 if TYPE_CHECKING:
-    from cosmos_pl.objectives.runtime import ClientRuntime
     from cosmos_pl.training.client import Client
 
 __all__ = ["FineTune", "fine_tune"]
@@ -41,12 +39,12 @@ class FineTune(ClientStep):
     epochs: int
     stage: ClassVar[str] = "fine-tuning"
     needs_target: ClassVar[bool] = False
+    seed_stage: ClassVar[str] = "finetune"
+    stage_id: ClassVar[int] = 9
 
     def idle(self) -> bool:
         return False  # with 0 epochs it still makes the personal model the global one
 
-    def task(self, runtime: "ClientRuntime", client: "Client", rnd: int, target: Optional[torch.Tensor]) -> Task:
+    def task(self, runtime: StepSettings, client: "Client", rnd: int, target: Optional[torch.Tensor]) -> Task:
         return fine_tune, dict(self.stage_arguments(runtime, client, rnd), x=client.data.x, y=client.data.y,
-                               epochs=self.epochs, optimizer=runtime.clients.optimizer,
-                               seed=stage_seed(runtime.seed, rnd, "finetune", client.id),
-                               optimizer_key="clients.optimizer")
+                               epochs=self.epochs)

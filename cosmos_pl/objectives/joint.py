@@ -2,34 +2,30 @@
 
 Source: Cho et al., "Communication-Efficient and Model-Heterogeneous Personalized Federated Learning via Clustered
 Knowledge Transfer" (COMET), IEEE JSTSP 2023, the client's local objective. Here: the loss :func:`joint_loss`, the
-LightningModule :class:`JointModule`, the paired batches of D_i and U, the stage :func:`fit_joint` and the client
-step :class:`JointFit`.
+LightningModule :class:`JointModule`, the paired batches of D_i and U (:func:`paired_batches`), the stage
+:func:`fit_joint` and the client step :class:`JointFit`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
-from lightning.fabric.utilities.seed import seed_everything
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from cosmos_pl.losses import kl_per_sample
-from cosmos_pl.objectives.step import ClientStep, Task
-from cosmos_pl.training.checks import check_targets
-from cosmos_pl.training.config import TrainerConfig, stage_seed
-from cosmos_pl.training.engine import fit, on_device
+from cosmos_pl.objectives.stage import run_stage
+from cosmos_pl.objectives.step import ClientStep, StepSettings, Task
 from cosmos_pl.training.module import LARGE_LAMBDA, CosmosModule, OptimizerFactory
 from cosmos_pl.transforms import Transformations
 
 if TYPE_CHECKING:
-    from cosmos_pl.objectives.runtime import ClientRuntime
     from cosmos_pl.training.client import Client
 
-__all__ = ["JointBatches", "JointFit", "JointModule", "PairedBatches", "fit_joint", "joint_loss"]
+__all__ = ["JointBatches", "JointFit", "JointModule", "PairedBatches", "fit_joint", "joint_loss", "paired_batches"]
 
 
 def joint_loss(local_logits: torch.Tensor, y: torch.Tensor, public_logits: torch.Tensor, targets: torch.Tensor,
@@ -125,44 +121,27 @@ class JointBatches(Dataset):
         return self.local[0][li], self.local[1][li], self.public[0][pi], self.public[1][pi]
 
 
-def fit_joint(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    public: torch.Tensor,
-    targets: torch.Tensor,
-    *,
-    epochs: int,
-    batch_size: int,
-    optimizer: OptimizerFactory,
-    transformations: Transformations | None,
-    lam: float,
-    trainer: TrainerConfig,
-    seed: int,
-    where: str = "training",
-    optimizer_key: str = "",
-) -> list[dict[str, float]]:
-    """Train ``model`` in place on D_i = (``x`` uint8 ``[n_i, C, H, W]``, ``y`` ``[n_i]``) and U = ``public``
-    ``[n, C, H, W]`` with soft ``targets`` ``[n, M]``: each step ``CE + lam * KL`` (:class:`JointModule`).
+def paired_batches(data: tuple[torch.Tensor, ...], batch_size: int) -> DataLoader:
+    """The batches of :func:`fit_joint`: ``data`` = (x, y, u, t) on the device, paired by :class:`PairedBatches`."""
+    joined = JointBatches(*data)
+    sampler = PairedBatches(len(data[0]), len(data[2]), batch_size, device=data[0].device)
+    return DataLoader(joined, sampler=sampler, batch_size=None, num_workers=0)
 
-    An epoch is one pass over D_i; ``where`` and ``optimizer_key`` name the stage and the setting in error
-    messages. Returns one dict per epoch with the mean ``loss``, ``ce`` and ``kl``.
+
+def fit_joint(model: nn.Module, x: torch.Tensor, y: torch.Tensor, public: torch.Tensor, targets: torch.Tensor, *,
+              lam: float, **stage: Any) -> list[dict[str, float]]:
+    """Train ``model`` in place on D_i = (``x`` uint8 ``[n_i, C, H, W]``, ``y`` ``[n_i]``) and U = ``public``
+    ``[n, C, H, W]`` with soft ``targets`` ``[n, M]``: each step ``CE + lam * KL`` (:class:`JointModule`;
+    ``stage``: :func:`~cosmos_pl.objectives.stage.run_stage`'s settings).
+
+    An epoch is one pass over D_i (:func:`paired_batches`). Returns one dict per epoch with the mean ``loss``, ``ce``
+    and ``kl``.
 
     Raises:
         DivergenceError: non-finite targets, a non-finite step loss, or non-finite weights after training.
     """
-    if epochs <= 0 or len(x) == 0:
-        return []
-    check_targets(targets, where)
-    seed_everything(seed, verbose=False)
-    module = JointModule(model, optimizer, transformations, lam=lam, channels_last=trainer.channels_last, where=where,
-                         optimizer_key=optimizer_key)
-    data = JointBatches(*on_device(trainer, x, y, public, targets.float()))
-    sampler = PairedBatches(len(x), len(public), batch_size, device=data.local[0].device)
-    batches = DataLoader(data, sampler=sampler, batch_size=None, num_workers=0)
-    fit(module, model, trainer, epochs, batches)
-    model.cpu()
-    return module.epoch_parts
+    return run_stage(model, JointModule, (x, y, public, targets.float()), targets=targets, batches=paired_batches,
+                     lam=lam, **stage)
 
 
 @dataclass(frozen=True)
@@ -176,10 +155,9 @@ class JointFit(ClientStep):
     epochs: int
     lam: float
     stage: ClassVar[str] = "joint training"
+    seed_stage: ClassVar[str] = "joint"
+    stage_id: ClassVar[int] = 5
 
-    def task(self, runtime: "ClientRuntime", client: "Client", rnd: int, target: Optional[torch.Tensor]) -> Task:
+    def task(self, runtime: StepSettings, client: "Client", rnd: int, target: Optional[torch.Tensor]) -> Task:
         return fit_joint, dict(self.stage_arguments(runtime, client, rnd), x=client.data.x, y=client.data.y,
-                               public=runtime.public, targets=target, epochs=self.epochs,
-                               optimizer=runtime.clients.optimizer, lam=self.lam,
-                               seed=stage_seed(runtime.seed, rnd, "joint", client.id),
-                               optimizer_key="clients.optimizer")
+                               public=runtime.public, targets=target, epochs=self.epochs, lam=self.lam)

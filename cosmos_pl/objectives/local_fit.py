@@ -9,21 +9,18 @@ The step :class:`LocalFit`, its LightningModule :class:`SupervisedModule` and it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from cosmos_pl.models.personal import PersonalAndGlobal
-from cosmos_pl.objectives.step import ClientStep, Task
-from cosmos_pl.training.config import TrainerConfig, stage_seed
-from cosmos_pl.training.engine import fit_labelled
-from cosmos_pl.training.module import CosmosModule, OptimizerFactory
-from cosmos_pl.transforms import Transformations
+from cosmos_pl.objectives.stage import run_stage
+from cosmos_pl.objectives.step import ClientStep, StepSettings, Task
+from cosmos_pl.training.module import CosmosModule
 
 if TYPE_CHECKING:
-    from cosmos_pl.objectives.runtime import ClientRuntime
     from cosmos_pl.training.client import Client
 
 __all__ = ["LocalFit", "SupervisedModule", "fit_supervised"]
@@ -40,39 +37,20 @@ class SupervisedModule(CosmosModule):
         return loss
 
 
-def fit_supervised(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    epochs: int,
-    batch_size: int,
-    optimizer: OptimizerFactory,
-    transformations: Transformations | None,
-    trainer: TrainerConfig,
-    seed: int,
-    where: str = "training",
-    optimizer_key: str = "",
-    part: str = "",
-) -> list[dict[str, float]]:
-    """Train ``model`` in place with cross-entropy on ``x`` uint8 ``[n, C, H, W]``, ``y`` int64 ``[n]``.
+def fit_supervised(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, part: str = "",
+                   **stage: Any) -> list[dict[str, float]]:
+    """Train ``model`` in place with cross-entropy on ``x`` uint8 ``[n, C, H, W]``, ``y`` int64 ``[n]``
+    (:class:`SupervisedModule`, shuffled batches; ``stage``: :func:`~cosmos_pl.objectives.stage.run_stage`'s
+    settings: epochs, batch size, optimizer, transformations, trainer, seed, where, optimizer key).
 
-    ``where`` (e.g. ``"round 0, local training, client 3"``) and ``optimizer_key`` (e.g. ``"clients.optimizer"``)
-    name the stage and the setting in error messages. ``part``: the dotted name of the submodule trained (``""``:
-    the whole model; ``"shared"``: a :class:`~cosmos_pl.models.personal.PersonalAndGlobal`'s copy of the global
-    model); parameters with ``requires_grad=False`` stay fixed. Returns one dict per epoch with the mean training
-    ``loss``.
+    ``part``: the dotted name of the submodule trained (``""``: the whole model; ``"shared"``: a
+    :class:`~cosmos_pl.models.personal.PersonalAndGlobal`'s copy of the global model); parameters with
+    ``requires_grad=False`` stay fixed. Returns one dict per epoch with the mean training ``loss``.
 
     Raises:
         DivergenceError: a step's loss, or the weights after training, are non-finite.
     """
-    if epochs <= 0 or len(x) == 0:  # before the module is built: it would set the backbone's memory format
-        return []
-    trained = model.get_submodule(part) if part else model
-    module = SupervisedModule(trained, optimizer, transformations, channels_last=trainer.channels_last, where=where,
-                              optimizer_key=optimizer_key)
-    return fit_labelled(model, module, trained, x, y, epochs=epochs, batch_size=batch_size, trainer=trainer,
-                        seed=seed)
+    return run_stage(model, SupervisedModule, (x, y), part=part, **stage)
 
 
 @dataclass(frozen=True)
@@ -88,11 +66,11 @@ class LocalFit(ClientStep):
     part: str = ""
     stage: ClassVar[str] = "local training"
     needs_target: ClassVar[bool] = False
+    seed_stage: ClassVar[str] = "local"
+    stage_id: ClassVar[int] = 1
 
-    def task(self, runtime: "ClientRuntime", client: "Client", rnd: int, target: Optional[torch.Tensor]) -> Task:
+    def task(self, runtime: StepSettings, client: "Client", rnd: int, target: Optional[torch.Tensor]) -> Task:
         part = self.part or ("personal" if isinstance(client.model, PersonalAndGlobal) else "")
         extra = {"part": part} if part else {}
         return fit_supervised, dict(self.stage_arguments(runtime, client, rnd), x=client.data.x, y=client.data.y,
-                                    epochs=self.epochs, optimizer=runtime.clients.optimizer,
-                                    seed=stage_seed(runtime.seed, rnd, "local", client.id),
-                                    optimizer_key="clients.optimizer", **extra)
+                                    epochs=self.epochs, **extra)

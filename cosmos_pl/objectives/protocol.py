@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING, ClassVar, Literal, Optional
 import torch
 from torch import nn
 
-from cosmos_pl.objectives.step import ClientStep, Task
+from cosmos_pl.objectives.step import ClientStep, StepSettings, Task
 
 if TYPE_CHECKING:
-    from cosmos_pl.objectives.runtime import ClientRuntime
     from cosmos_pl.training.client import Client
 
 __all__ = ["LoadWeights", "StartGlobal", "Upload", "start_global"]
@@ -63,5 +62,5 @@ class StartGlobal(ClientStep):
     stage: ClassVar[str] = "global start"
     needs_target: ClassVar[bool] = False
 
-    def task(self, runtime: "ClientRuntime", client: "Client", rnd: int, target: Optional[torch.Tensor]) -> Task:
+    def task(self, runtime: StepSettings, client: "Client", rnd: int, target: Optional[torch.Tensor]) -> Task:
         return start_global, dict(model=client.model, with_head=self.with_head)

@@ -8,20 +8,17 @@ ICML 2021, Eq. 2 and Algorithm 1. The step :class:`ProxFit`, its loss :func:`pro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cosmos_pl.objectives.step import ClientStep, Task
-from cosmos_pl.training.config import TrainerConfig, stage_seed
-from cosmos_pl.training.engine import fit_labelled
-from cosmos_pl.training.module import LARGE_LAMBDA, CosmosModule, OptimizerFactory
-from cosmos_pl.transforms import Transformations
+from cosmos_pl.objectives.stage import run_stage
+from cosmos_pl.objectives.step import ClientStep, StepSettings, Task
+from cosmos_pl.training.module import LARGE_LAMBDA, CosmosModule
 
 if TYPE_CHECKING:
-    from cosmos_pl.objectives.runtime import ClientRuntime
     from cosmos_pl.training.client import Client
 
 __all__ = ["ProxFit", "ProximalModule", "fit_proximal", "proximal_term"]
@@ -40,6 +37,7 @@ class ProximalModule(CosmosModule):
     and ``prox`` (``lam / 2 * ||v - w||^2``).
 
     Args:
+        backbone, optimizer, transformations, channels_last, where, optimizer_key: as :class:`CosmosModule`'s.
         anchor: w, one tensor per parameter of ``backbone`` in ``backbone.parameters()`` order (kept as buffers,
             so they follow the module to its device).
         lam: lambda >= 0 (0: plain cross-entropy).
@@ -48,7 +46,7 @@ class ProximalModule(CosmosModule):
         ValueError: the anchor does not have one tensor per parameter, of the same shapes.
     """
 
-    def __init__(self, backbone, anchor: list[torch.Tensor], lam: float, *args, **kwargs) -> None:
+    def __init__(self, backbone: nn.Module, *args: Any, anchor: list[torch.Tensor], lam: float, **kwargs: Any) -> None:
         super().__init__(backbone, *args, **kwargs)
         params = list(self.backbone.parameters())
         if len(anchor) != len(params) or any(a.shape != p.shape for a, p in zip(anchor, params)):
@@ -71,37 +69,19 @@ class ProximalModule(CosmosModule):
         return loss
 
 
-def fit_proximal(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    epochs: int,
-    lam: float,
-    batch_size: int,
-    optimizer: OptimizerFactory,
-    transformations: Transformations | None,
-    trainer: TrainerConfig,
-    seed: int,
-    where: str = "training",
-    optimizer_key: str = "",
-) -> list[dict[str, float]]:
+def fit_proximal(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, lam: float,
+                 **stage: Any) -> list[dict[str, float]]:
     """Ditto's personal update (Algorithm 1): train ``model.personal`` (v_i) in place on ``x`` uint8
     ``[n, C, H, W]``, ``y`` int64 ``[n]`` with cross-entropy plus ``lam / 2 * ||v_i - w||^2``, w being
     ``model.shared`` (the client's copy of the global model) as the stage starts, held fixed
-    (:class:`ProximalModule`). ``model`` is a :class:`~cosmos_pl.models.personal.PersonalAndGlobal`. Returns one dict
-    per epoch (``loss``, ``ce``, ``prox``).
+    (:class:`ProximalModule`; ``stage``: :func:`~cosmos_pl.objectives.stage.run_stage`'s settings). ``model`` is a
+    :class:`~cosmos_pl.models.personal.PersonalAndGlobal`. Returns one dict per epoch (``loss``, ``ce``, ``prox``).
 
     Raises:
         DivergenceError: a step's loss, or the weights after training, are non-finite.
     """
-    if epochs <= 0 or len(x) == 0:
-        return []
     anchor = [p.detach() for p in model.shared.parameters()]
-    module = ProximalModule(model.personal, anchor, lam, optimizer, transformations,
-                            channels_last=trainer.channels_last, where=where, optimizer_key=optimizer_key)
-    return fit_labelled(model, module, model.personal, x, y, epochs=epochs, batch_size=batch_size, trainer=trainer,
-                        seed=seed)
+    return run_stage(model, ProximalModule, (x, y), part="personal", anchor=anchor, lam=lam, **stage)
 
 
 @dataclass(frozen=True)
@@ -114,9 +94,9 @@ class ProxFit(ClientStep):
     lam: float
     stage: ClassVar[str] = "personal training"
     needs_target: ClassVar[bool] = False
+    seed_stage: ClassVar[str] = "prox"
+    stage_id: ClassVar[int] = 8
 
-    def task(self, runtime: "ClientRuntime", client: "Client", rnd: int, target: Optional[torch.Tensor]) -> Task:
+    def task(self, runtime: StepSettings, client: "Client", rnd: int, target: Optional[torch.Tensor]) -> Task:
         return fit_proximal, dict(self.stage_arguments(runtime, client, rnd), x=client.data.x, y=client.data.y,
-                                  epochs=self.epochs, lam=self.lam, optimizer=runtime.clients.optimizer,
-                                  seed=stage_seed(runtime.seed, rnd, "prox", client.id),
-                                  optimizer_key="clients.optimizer")
+                                  epochs=self.epochs, lam=self.lam)

@@ -1,7 +1,8 @@
 """The client runtime: the settings every client step reads, and the tasks it builds for a client.
 
 The same on the server (in-process workers) and on every Flower node: :meth:`ClientRuntime.train` asks the step for
-its task (:meth:`~cosmos_pl.objectives.step.ClientStep.task`), :meth:`ClientRuntime.predict` and
+its task (:meth:`~cosmos_pl.objectives.step.ClientStep.task`, which reads the runtime as
+:class:`~cosmos_pl.objectives.step.StepSettings`), :meth:`ClientRuntime.predict` and
 :meth:`ClientRuntime.evaluate` build the inference tasks; :func:`encode_upload` encodes pseudo-labels as sent.
 """
 

@@ -12,11 +12,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional
 import torch
 
 from cosmos_pl.objectives.local_fit import fit_supervised
-from cosmos_pl.objectives.step import ClientStep, Task
-from cosmos_pl.training.config import stage_seed
+from cosmos_pl.objectives.step import ClientStep, StepSettings, Task
 
 if TYPE_CHECKING:
-    from cosmos_pl.objectives.runtime import ClientRuntime
     from cosmos_pl.training.client import Client
 
 __all__ = ["UnionFit"]
@@ -32,14 +30,13 @@ class UnionFit(ClientStep):
 
     epochs: int
     stage: ClassVar[str] = "co-training"
+    seed_stage: ClassVar[str] = "union"
+    stage_id: ClassVar[int] = 6
 
-    def task(self, runtime: "ClientRuntime", client: "Client", rnd: int, target: Optional[torch.Tensor]) -> Task:
+    def task(self, runtime: StepSettings, client: "Client", rnd: int, target: Optional[torch.Tensor]) -> Task:
         return fit_supervised, dict(self.stage_arguments(runtime, client, rnd),
                                     x=torch.cat([client.data.x, runtime.public]),
-                                    y=torch.cat([client.data.y, target.argmax(1)]), epochs=self.epochs,
-                                    optimizer=runtime.clients.optimizer,
-                                    seed=stage_seed(runtime.seed, rnd, "union", client.id),
-                                    optimizer_key="clients.optimizer")
+                                    y=torch.cat([client.data.y, target.argmax(1)]), epochs=self.epochs)
 
     def to_wire(self, target: Optional[torch.Tensor]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         config, _ = super().to_wire(None)

@@ -1,7 +1,7 @@
 """A message's client steps on the wire: each step with its target, encoded by its own class
 (:meth:`~cosmos_pl.objectives.step.ClientStep.to_wire`), the same on every transport (the Flower transport wraps them
-in its records). Decoding imports every objective module (each registers its steps in
-:data:`~cosmos_pl.objectives.step.CLIENT_STEPS`): a new objective module is added to :func:`steps_from_wire`'s list.
+in its records). Decoding imports every objective module (:func:`~cosmos_pl.objectives.import_objectives`), each of
+which registers its steps in :data:`~cosmos_pl.objectives.step.CLIENT_STEPS` when imported.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 import torch
 
+from cosmos_pl.objectives import import_objectives
 from cosmos_pl.objectives.step import CLIENT_STEPS, ClientStep
 
 __all__ = ["steps_from_wire", "steps_to_wire"]
@@ -35,8 +36,8 @@ def steps_from_wire(config: dict[str, Any], arrays: dict[str, torch.Tensor]
     Raises:
         ValueError: an unknown step name (a server and node of different cosmos-pl versions).
     """
-    if int(config.get("steps", 0)):  # every objective registers its steps in CLIENT_STEPS when imported
-        from cosmos_pl.objectives import distill, finetune, joint, local_fit, protocol, proximal, union  # noqa: F401
+    if int(config.get("steps", 0)):  # Lightning only where there are steps to train
+        import_objectives()
     out = []
     for j in range(int(config.get("steps", 0))):
         prefix = f"s{j}."

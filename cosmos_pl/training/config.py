@@ -16,15 +16,30 @@ import torch
 from cosmos_pl.errors import check
 
 __all__ = ["RESIDENT_ATTR", "STAGE_IDS", "TrainerConfig", "apply_determinism", "autotuning", "inference_batch",
-           "resolve_device", "stage_seed"]
+           "register_stage", "resolve_device", "stage_seed"]
 
 #: The attribute naming a resident tensor (one the executor sends to each worker once; a stage keeps one GPU copy of
 #: it per process), the same in the main process and in the workers.
 RESIDENT_ATTR = "_cosmos_resident"
 
-# Stage ids for stage_seed; appended only, so existing seeds never change.
-STAGE_IDS = {"init": 0, "local": 1, "teacher": 2, "distill": 3, "teacher_init": 4, "joint": 5, "union": 6,
-             "kmeans": 7, "prox": 8, "finetune": 9}
+#: Stage name -> id, for :func:`stage_seed`: the clients' initial models here; every other stage's module adds its
+#: own when imported (:func:`register_stage`: a client step's class, an algorithm's server stage). A new stage takes
+#: a new id, so existing seeds never change.
+STAGE_IDS: dict[str, int] = {"init": 0}
+
+
+def register_stage(name: str, stage_id: int) -> None:
+    """Add stage ``name`` with id ``stage_id`` to :data:`STAGE_IDS` (the same pair again: nothing to do).
+
+    Raises:
+        ValueError: ``name`` has another id, or ``stage_id`` is another stage's (their seeds would coincide).
+    """
+    taken = {i: n for n, i in STAGE_IDS.items()}
+    if STAGE_IDS.get(name, stage_id) != stage_id or taken.get(stage_id, name) != name:
+        known = ", ".join(f"{n}={i}" for n, i in STAGE_IDS.items())
+        raise ValueError(f"stage {name!r} with id {stage_id}: the name or the id is taken ({known}); a new stage "
+                         "takes a new name and an unused id")
+    STAGE_IDS[name] = stage_id
 
 
 @dataclass
@@ -129,5 +144,9 @@ def resolve_device(accelerator: str) -> torch.device:
 
 
 def stage_seed(seed: int, round_idx: int, stage: str, model_id: int) -> int:
-    """A 32-bit seed derived from (seed, round, stage, model id) with numpy's SeedSequence."""
+    """A 32-bit seed derived from (seed, round, stage's id in :data:`STAGE_IDS`, model id) with numpy's SeedSequence.
+
+    Raises:
+        KeyError: ``stage`` is not registered (its module, which registers it, was not imported).
+    """
     return int(np.random.SeedSequence([seed, round_idx, STAGE_IDS[stage], model_id]).generate_state(1)[0])
