@@ -33,5 +33,5 @@ def run_export(cfg: Namespace) -> list[Path]:
     _, federation = dataclasses.replace(init.data, validation_fraction=0.0).build(init.seed)
     folders = export_federation(federation, out)
     print(f"cosmos-pl: {len(folders)} site folders in {out} (client_0 .. client_{len(folders) - 1}), U "
-          f"({len(federation.public_x)} images) and the class list in {out / 'public.npz'}")
+          f"({len(federation.public)} images) and the class list in {out / 'public.npz'}")
     return folders

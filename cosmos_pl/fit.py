@@ -121,7 +121,7 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
             data, federation = data_cfg.build(init.seed)
             name = data.name
             # over another transport the server keeps U and the class list only: the clients' data stay theirs
-            server = federation if transport is None else ServerData(federation.public_x, list(federation.classes))
+            server = federation if transport is None else ServerData(federation.public, list(federation.classes))
         else:  # a deployment: the sites hold their own data
             name = f"{data_cfg.num_clients} sites' own data"
         validate_against_data(init, len(server.classes))
@@ -129,7 +129,7 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
         if resume is None:
             run_dir.write_text("config.yaml", config_yaml)
         console.print(f"[bold]cosmos-pl[/bold] {algorithm.name} on {name}: {data_cfg.num_clients} clients, "
-                      f"|U| = {len(server.public_x)}, M = {len(server.classes)}; run directory {run_path}")
+                      f"|U| = {len(server.public)}, M = {len(server.classes)}; run directory {run_path}")
         settings = RunSettings(
             rounds=init.rounds, seed=init.seed, clients_per_round=init.get("clients_per_round"),
             evaluate_every=init.evaluate_every, headline_metric=init.headline_metric,
@@ -143,7 +143,7 @@ def _fit_in(run_dir: Any, cfg: Namespace, init: Namespace, config_yaml: str, set
         infos, facts = runner.clients.infos, runner.clients.simulation()
         run_dir.write_json("partition.json", {  # what the clients reported, and a simulation's partition
             "dataset": name, "num_classes": len(server.classes), "classes": list(server.classes),
-            "public_set_size": len(server.public_x), "test_set_sizes": [c.test_size for c in infos],
+            "public_set_size": len(server.public), "test_set_sizes": [c.test_size for c in infos],
             "validation_set_sizes": [c.validation_size for c in infos], **(facts.partition if facts else {})})
         runner.last_checkpoint = resume_path
         run_dir.training = True  # every check passed: from here the folder's files are the run's records

@@ -245,13 +245,13 @@ def test_public_set_size_and_no_labels():
     fed = build_federation(data, GroupDirichlet(num_groups=2, alpha=1.0), 4, public_fraction=0.25,
                            test_samples_per_client=5, seed=3)
     # |U| = floor(0.25 * 50 + 0.5) = floor(13.0) = 13 (round half up; Python's round gives 12).
-    assert fed.public_x.shape == (13, 1, 2, 2)
+    assert fed.public.shape == (13, 1, 2, 2)
     # U and the clients split the training set exactly.
-    ids = fed.public_x[:, 0, 0, 0].tolist() + [i for c in fed.clients for i in c.x[:, 0, 0, 0].tolist()]
+    ids = fed.public[:, 0, 0, 0].tolist() + [i for c in fed.clients for i in c.x[:, 0, 0, 0].tolist()]
     assert sorted(ids) == list(range(50))
-    # No label of U is stored: public_x is a bare tensor and no field holds public labels.
-    assert type(fed.public_x) is torch.Tensor
-    assert [f.name for f in dataclasses.fields(fed) if "public" in f.name] == ["public_x"]
+    # No label of U is stored: public is a bare tensor and no field holds public labels.
+    assert type(fed.public) is torch.Tensor
+    assert [f.name for f in dataclasses.fields(fed) if "public" in f.name] == ["public"]
     assert fed.num_classes == 3 and fed.in_chans == 1 and fed.image_shape == (2, 2)
 
 
@@ -261,11 +261,11 @@ def test_federation_seed_determinism_and_subsample():
     a = build_federation(data, GroupDirichlet(), 10, seed=0, **kw)
     b = build_federation(data, GroupDirichlet(), 10, seed=0, **kw)
     c = build_federation(data, GroupDirichlet(), 10, seed=1, **kw)
-    assert torch.equal(a.public_x, b.public_x) and not torch.equal(a.public_x, c.public_x)
+    assert torch.equal(a.public, b.public) and not torch.equal(a.public, c.public)
     for ca, cb in zip(a.clients, b.clients):
         assert torch.equal(ca.x, cb.x) and torch.equal(ca.y_test, cb.y_test)
     # subsample of 500 then |U| = floor(0.2 * 500 + 0.5) = 100
-    assert len(a.public_x) == 100 and sum(len(cl.y) for cl in a.clients) == 400
+    assert len(a.public) == 100 and sum(len(cl.y) for cl in a.clients) == 400
 
 
 @pytest.mark.parametrize(

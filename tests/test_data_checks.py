@@ -85,7 +85,7 @@ def test_round_mean_leaves_out_a_client_without_test_samples():
     # -> 0.75. Mean over the 2 defined clients 0.625 (the old code crashed or averaged a 0 in: 0.4167);
     # SEM = std([0.5, 0.75], ddof=1) / sqrt(2) = 0.17678 / 1.41421 = 0.125.
     clients = [_client([0, 1], [0, 0, 1, 2]), _client([1, 2], []), _client([0, 0], [0, 0, 0, 1])]
-    fed = Federation(public_x=torch.zeros(4, 1, 8, 8, dtype=torch.uint8), clients=clients,
+    fed = Federation(public=torch.zeros(4, 1, 8, 8, dtype=torch.uint8), clients=clients,
                      partition=Partition([np.array([0, 1]), np.array([2, 3]), np.array([4, 5])]),
                      partition_labels=np.array([0, 1, 1, 2, 0, 0]), num_classes=3, classes=["a", "b", "c"],
                      in_chans=1, image_shape=(8, 8))
@@ -166,8 +166,8 @@ def test_a_public_set_of_fewer_than_two_samples_is_refused():
                                               r"the 30 training samples.*at least 0.05\b"):
             build_federation(data, IID(), 3, public_fraction=fraction)
     # the minimum named is enough: round_half_up(0.05 * 30) = round_half_up(1.5) = 2; 0 means no U at all
-    assert len(build_federation(data, IID(), 3, public_fraction=0.05).public_x) == 2
-    assert len(build_federation(data, IID(), 3, public_fraction=0.0).public_x) == 0
+    assert len(build_federation(data, IID(), 3, public_fraction=0.05).public) == 2
+    assert len(build_federation(data, IID(), 3, public_fraction=0.0).public) == 0
 
 
 def test_partitioners_default_to_two_samples_per_client():

@@ -222,7 +222,7 @@ def _runner(run_yaml, tmp_path, contexts, join_timeout_s):
     _, federation = init.data.build(init.seed)
     transport = functools.partial(_HelloClients, grid=_Grid(contexts), config_yaml=run_yaml, num_clients=6,
                                   join_timeout_s=join_timeout_s)
-    return Runner(ServerData(federation.public_x, federation.classes), init.algorithm, init.clients,
+    return Runner(ServerData(federation.public, federation.classes), init.algorithm, init.clients,
                   RunSettings(rounds=init.rounds, seed=init.seed, trainer=init.trainer, executor=init.executor),
                   console=Console(quiet=True), recorder=Recorder(RunDirectory.prepare(tmp_path / "run")),
                   transport=transport)
@@ -296,7 +296,7 @@ def test_a_nodes_later_messages_load_its_data_from_its_disk_cache(run_yaml, tmp_
     again = node_data.load_run(run_yaml, 2, tmp_path / "data")
     for field in ("x", "y", "x_test", "y_test"):
         assert torch.equal(getattr(again.data, field), getattr(built.data, field))
-    assert torch.equal(again.public_x, built.public_x) and again.fingerprint == built.fingerprint
+    assert torch.equal(again.public, built.public) and again.fingerprint == built.fingerprint
     assert (again.num_clients, again.num_classes, again.in_chans, again.image_shape) == (6, 10, 1, (8, 8))
     assert int(first["config"]["client_id"]) == 2
 
@@ -351,8 +351,8 @@ def site_root(run_yaml, tmp_path_factory):
     _, fed = init.data.build(init.seed)
     root = tmp_path_factory.mktemp("sites")
     export_federation(fed, root)
-    return root, {"classes": list(fed.classes), "public_shape": [int(v) for v in fed.public_x.shape]}, \
-        public_fingerprint(fed.public_x)
+    return root, {"classes": list(fed.classes), "public_shape": [int(v) for v in fed.public.shape]}, \
+        public_fingerprint(fed.public)
 
 
 def _site_context(state_dir: Path, partition: int, folder) -> Context:

@@ -172,7 +172,7 @@ def test_the_own_data_pages_example_does_what_the_page_says(repo_root, tmp_path,
     data, fed = init.data.build(init.seed)
     assert data.classes == ["circle", "square", "stripe"] and data.x_train.shape == (60, 3, 16, 16)
     # the page: "3 clients, |U| = 12, M = 3", class_counts [4, 5, 6], [10, 3, 5], [1, 6, 8], test sets of 10 each
-    assert len(fed.public_x) == 12 and fed.num_clients == 3 and fed.num_classes == 3
+    assert len(fed.public) == 12 and fed.num_clients == 3 and fed.num_classes == 3
     assert [c.class_counts.tolist() for c in fed.clients] == [[4, 5, 6], [10, 3, 5], [1, 6, 8]]
     assert [len(c.y_test) for c in fed.clients] == [10, 10, 10]
     for rel in ("train/circle/4.bmp", "train/square/7.tif", "test/stripe/2.bmp"):

@@ -61,7 +61,7 @@ def test_every_adapter_is_fed_the_exported_partition(partition, tmp_path, monkey
     _, federation = init.data.build(init.seed)
     fit_view = [_view(c.x, c.y, c.x_test, c.y_test) for c in federation.clients]
     assert fit_view == files
-    assert np.array_equal(federation.public_x.numpy(), public)
+    assert np.array_equal(federation.public.numpy(), public)
     c = init.clients
     assert (c.backbones, c.local_epochs, c.distill_epochs, c.batch_size, c.pretrain_epochs) == (["lcnet_050"], 2, 3,
                                                                                                 16, 0)

@@ -49,7 +49,7 @@ def _federation(train: list[tuple[list, list]], test: list[tuple[list, list]], p
                           class_counts=np.bincount(y, minlength=M))
                for (x, y), (xt, yt) in zip(train, test)]
     starts = np.cumsum([0] + [len(y) for _, y in train])
-    return Federation(public_x=images(public), clients=clients,
+    return Federation(public=images(public), clients=clients,
                       partition=Partition([np.arange(a, b) for a, b in zip(starts[:-1], starts[1:])]),
                       partition_labels=np.concatenate([np.array(y) for _, y in train]), num_classes=M,
                       classes=["a", "b", "c"], in_chans=1, image_shape=(2, 2))
@@ -312,7 +312,7 @@ def test_comet_sequential_distills_to_the_cluster_mean_then_trains_on_local_data
         with torch.no_grad():
             for c, w in zip(clients, weights):
                 c.model[1].weight.copy_(w)
-        u = _inputs(fed.public_x)
+        u = _inputs(fed.public)
         xs = [_inputs(c.data.x) for c in clients]
         ys = [c.data.y for c in clients]
         for rnd in (1, 2):

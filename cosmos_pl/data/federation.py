@@ -70,7 +70,7 @@ class Federation:
     """The public unlabelled set and the clients (COSMOS paper, Section 6 setup).
 
     Attributes:
-        public_x: uint8 [n, C, H, W], the public unlabelled set U. Its labels are not
+        public: uint8 [n, C, H, W], the public unlabelled set U. Its labels are not
             stored anywhere, so no algorithm can read them.
         clients: per-client data.
         partition: the partition; its indices refer to the training samples left after
@@ -83,7 +83,7 @@ class Federation:
         image_shape: (H, W).
     """
 
-    public_x: torch.Tensor
+    public: torch.Tensor
     clients: list[ClientData]
     partition: Partition
     partition_labels: np.ndarray
@@ -293,7 +293,7 @@ def build_federation(
     _check_client_sizes([len(c.y) for c in clients], partitioner, len(rest), validation_fraction, max_train_samples)
 
     return Federation(
-        public_x=data.x_train[torch.from_numpy(public_idx)],
+        public=data.x_train[torch.from_numpy(public_idx)],
         clients=clients,
         partition=partition,
         partition_labels=y_rest,

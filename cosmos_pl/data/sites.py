@@ -46,7 +46,7 @@ def export_federation(federation: Federation, out: Path) -> list[Path]:
     the client folders. Nothing of a client is in another's folder or in ``public.npz``."""
     out.mkdir(parents=True, exist_ok=True)
     classes = np.array(federation.classes)
-    _save_npz(out / "public.npz", x_public=federation.public_x.numpy(), classes=classes)
+    _save_npz(out / "public.npz", x_public=federation.public.numpy(), classes=classes)
     folders = []
     for i, c in enumerate(federation.clients):
         folder = out / f"client_{i}"
@@ -219,7 +219,7 @@ class SiteFolders(ImageDataset):
                                                  c.y_val.numpy()]) for c in clients])
         partition = Partition([np.arange(sizes[i], sizes[i + 1]) for i in range(len(clients))], groups=groups,
                               class_groups=class_groups)
-        return Federation(public_x=public, clients=clients, partition=partition, partition_labels=labels,
+        return Federation(public=public, clients=clients, partition=partition, partition_labels=labels,
                           num_classes=len(classes), classes=classes, in_chans=int(public.shape[1]),
                           image_shape=(int(public.shape[2]), int(public.shape[3])))
 

@@ -96,7 +96,7 @@ class Runner:
         if not clients.backbones:
             raise ValueError("clients.backbones is empty: give at least one timm/torchvision name")
         self.server = federation if isinstance(federation, ServerData) else \
-            ServerData(federation.public_x, list(federation.classes))
+            ServerData(federation.public, list(federation.classes))
         self.algorithm, self.client_config, self.rounds, self.seed = algorithm, clients, settings.rounds, settings.seed
         self.trainer, self.comm = settings.trainer, settings.communication
         self.recorder, self.console = recorder or Recorder(), console or log_console()
@@ -107,8 +107,8 @@ class Runner:
         self.taking_part: Optional[list[int]] = None  # this round's sampled clients (None: every client)
         self.executor = Executor(settings.executor, self.trainer.accelerator)
         self.run_tasks = TaskRunner(self.executor, self.console, self.failure_cfg.timeout_s)
-        self.public, self.round_seconds, self.clusters_info = self.server.public_x, {}, {}
-        self.executor.keep_resident("U", self.public)  # sent to each worker once, kept there (and one GPU copy)
+        self.public, self.round_seconds, self.clusters_info = self.server.public, {}, {}
+        self.executor.keep_resident("public", self.public)  # sent to each worker once, kept there (and one GPU copy)
         self.fingerprint = public_fingerprint(self.public)
         self.last_checkpoint: Optional[Path] = None
         self.previous_wall = 0.0  # seconds spent before a resume

@@ -14,7 +14,7 @@ class ServerData:
     """U ``[n, C, H, W]`` uint8 (inputs only: its labels exist nowhere) and the class names (label k is
     ``classes[k]``), from which the server knows M, C and the image size its backbones are built for."""
 
-    public_x: torch.Tensor
+    public: torch.Tensor
     classes: list[str]
 
     @property
@@ -23,8 +23,8 @@ class ServerData:
 
     @property
     def in_chans(self) -> int:
-        return int(self.public_x.shape[1])
+        return int(self.public.shape[1])
 
     @property
     def image_shape(self) -> tuple[int, int]:
-        return int(self.public_x.shape[2]), int(self.public_x.shape[3])
+        return int(self.public.shape[2]), int(self.public.shape[3])

@@ -59,4 +59,4 @@ class ServerView:
     @property
     def public(self) -> torch.Tensor:
         """U, uint8 ``[n, C, H, W]``."""
-        return self.data.public_x
+        return self.data.public

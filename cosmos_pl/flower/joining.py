@@ -108,11 +108,11 @@ class NodeJoining:
         todo = sorted(c for c in self.needs_public if c in self.node_of and c not in self.broken)
         if not todo:
             return
-        x = self.view.public
-        rows = max(1, chunk_bytes // max(1, x[0].numel() * x.element_size()))
-        for start in range(0, len(x), rows):
-            record = wire.tensors_to_record({"x": x[start:start + rows]})
-            config = {"public_fingerprint": self.view.fingerprint, "start": start, "rows": len(x)}
+        public = self.view.public
+        rows = max(1, chunk_bytes // max(1, public[0].numel() * public.element_size()))
+        for start in range(0, len(public), rows):
+            record = wire.tensors_to_record({"x": public[start:start + rows]})  # "x": the wire's key for the images
+            config = {"public_fingerprint": self.view.fingerprint, "start": start, "rows": len(public)}
             content = {self.node_of[c]: RecordDict({"config": ConfigRecord(config), "arrays": record}) for c in todo}
             sent = wire.array_bytes(record)[0]
             for node_id, reply in self.send(wire.PUBLIC, content).items():

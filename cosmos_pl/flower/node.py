@@ -107,7 +107,7 @@ def hello(content: RecordDict, context: Context) -> RecordDict:
         "client_id": cid, "committed_round": int(meta["committed_round"]), "digest": str(meta["digest"]),
         "public_fingerprint": run.fingerprint, "backbone": run.backbone(cid), "train_size": len(d.y),
         "test_size": len(d.y_test), "validation_size": 0 if d.y_val is None else len(d.y_val),
-        "parameters": run.parameters, "has_public": run.public_x is not None, "identity": identity(context),
+        "parameters": run.parameters, "has_public": run.public is not None, "identity": identity(context),
         "data_mode": "partition" if site is None else "site"})})
 
 

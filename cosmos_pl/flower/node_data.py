@@ -65,7 +65,7 @@ class NodeRun:
         config_hash: the data key (:func:`data_key`): its cache folder's name.
         init: the run's parsed settings.
         data: the client's own data (training, test and validation splits).
-        public_x: U, uint8 ``[n, C, H, W]``.
+        public: U, uint8 ``[n, C, H, W]``.
         num_clients, num_classes, in_chans, image_shape: the federation's N, M, C and (H, W).
         runtime: the settings every client step reads, and the tasks it builds (the same as in-process).
         fingerprint: U's fingerprint.
@@ -76,7 +76,7 @@ class NodeRun:
     init: Any
     client_id: int
     data: ClientData
-    public_x: Optional[torch.Tensor]
+    public: Optional[torch.Tensor]
     num_clients: int
     num_classes: int
     in_chans: int
@@ -241,8 +241,8 @@ def load_run(config_yaml: str, client_id: int, cache: Optional[Path] = None, sit
                                        "file of the site's folder readable by this node's user") from None
     if (key, client_id) in _RUNS:
         run = _RUNS[key, client_id]
-        if run.public_x is None and site is not None:  # U may have arrived since
-            run.public_x = run.runtime.public = site.public()
+        if run.public is None and site is not None:  # U may have arrived since
+            run.public = run.runtime.public = site.public()
         return run
     from cosmos_pl.parsers import build_fit_parser
 
@@ -261,17 +261,17 @@ def load_run(config_yaml: str, client_id: int, cache: Optional[Path] = None, sit
         validate_config(init)
         part = site_part(init, client_id, site) if site is not None else partition_part(init, client_id)
     data = ClientData(**{f: part[f] for f in DATA_FIELDS}, class_counts=part["class_counts"].numpy())
-    public_x = part.get("public_x") if site is None else site.public()
+    public = part.get("public_x") if site is None else site.public()
     from cosmos_pl.config import run_precision
 
     note = run_precision(init)  # this node's GPUs: bf16-mixed, or trainer.precision_fallback where they lack bf16
     if note:
         print(note, file=sys.stderr, flush=True)
-    runtime = ClientRuntime(init.seed, init.clients, init.transformations, init.trainer, public_x,
+    runtime = ClientRuntime(init.seed, init.clients, init.transformations, init.trainer, public,
                           int(part["num_classes"]))
-    run = NodeRun(key, init, client_id, data, public_x, int(part["num_clients"]), int(part["num_classes"]),
+    run = NodeRun(key, init, client_id, data, public, int(part["num_clients"]), int(part["num_classes"]),
                   int(part["in_chans"]), tuple(int(v) for v in part["image_shape"]), runtime,
-                  public_fingerprint(public_x) if site is None else site.fingerprint)
+                  public_fingerprint(public) if site is None else site.fingerprint)
     if "initial_state" not in part:  # the round-0 model's weights, so that a joining node need not build it
         model = run.initial_model(client_id)
         part["initial_state"], part["parameters"] = model.state_dict(), count_parameters(personal_model(model))
@@ -291,7 +291,7 @@ def partition_part(init: Any, client_id: int) -> dict[str, Any]:
                           f"0..{fed.num_clients - 1} (flower-supernode --node-config 'partition-id=0')")
     mine = fed.clients[client_id]
     return {**{f: getattr(mine, f) for f in DATA_FIELDS}, "class_counts": torch.as_tensor(mine.class_counts),
-            "public_x": fed.public_x, "num_clients": fed.num_clients, "num_classes": fed.num_classes,
+            "public_x": fed.public, "num_clients": fed.num_clients, "num_classes": fed.num_classes,
             "in_chans": fed.in_chans, "image_shape": list(fed.image_shape)}
 
 

@@ -107,7 +107,7 @@ def current_client(context: Context, rnd: int) -> tuple[NodeRun, Client]:
     meta = meta_record(context)
     cid = int(meta["client_id"])
     run = load_run(str(meta["config_yaml"]), cid, data_cache(context), node_site(context))
-    if run.public_x is None:
+    if run.public is None:
         raise RuntimeError(f"this node has not received U (fingerprint {meta['public_fingerprint']}) yet: the server "
                            "sends it after the node's hello")
     torch.set_num_threads(threads(context, run))
