@@ -3,8 +3,8 @@
 ``b0`` is a number (Algorithm 1 at that threshold B0), a threshold rule (``strict``, ``silhouette``, ``otsu``,
 ``inf``: :mod:`~cosmos_pl.clustering.threshold` chooses B0, then Algorithm 1), or ``auto``, the default, which
 clusters cluster by cluster without one threshold (:mod:`~cosmos_pl.clustering.per_cluster`), keeping the
-clusters of a cut that beats chance (:mod:`~cosmos_pl.clustering.chance`); ``silhouette_floor`` is the same with the
-keep rule ``auto`` had before (a mean silhouette of 0.2 and a persistence of 1.2). Every rule reads the client
+clusters of a cut that beats chance (:mod:`~cosmos_pl.clustering.chance`); ``silhouette_floor`` is the same with a
+fixed keep rule instead of the permutation test (a mean silhouette of 0.2 and a persistence of 1.2). Every rule reads the client
 distances only, never group ids.
 """
 

@@ -3,8 +3,8 @@
 An objective (:mod:`cosmos_pl.objectives`) builds its LightningModule and its batches; this module runs them:
 :func:`make_trainer` (devices, precision, determinism, no per-stage logger or checkpoint), :func:`loader` and
 :func:`on_device` (batches gathered by whole index tensors on the data's device, the GPU when there is one),
-:func:`fit` (the Trainer, the out-of-memory and non-finite-weights checks, a stop request) and :func:`fit_labelled`
-(shuffled batches of a labelled set). Each stage is seeded from (experiment seed, round, stage, model id), so its
+:func:`fit` (the Trainer, the out-of-memory and non-finite-weights checks, a stop request); the shared stage runner
+(:func:`cosmos_pl.objectives.stage.run_stage`) calls it for every objective. Each stage is seeded from (experiment seed, round, stage, model id), so its
 numbers do not depend on what ran before it or where it runs.
 """
 
@@ -17,7 +17,6 @@ from typing import Any, Iterator
 
 import lightning.pytorch as pl
 import torch
-from lightning.fabric.utilities.seed import seed_everything
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -27,7 +26,7 @@ from cosmos_pl.training.config import TrainerConfig, apply_determinism, resolve_
 from cosmos_pl.training.module import CosmosModule
 from cosmos_pl.training.resident import to_device
 
-__all__ = ["Batches", "EpochOrder", "StopRequests", "fit", "fit_labelled", "loader", "make_trainer", "on_device",
+__all__ = ["Batches", "EpochOrder", "StopRequests", "fit", "loader", "make_trainer", "on_device",
            "quiet_lightning", "to_device"]
 
 _LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero")
@@ -153,16 +152,6 @@ def fit(module: CosmosModule, model: nn.Module, trainer: TrainerConfig, epochs: 
         others = f" and {len(bad) - 1} other tensors" if len(bad) > 1 else ""
         raise module.diverged(f"after {epochs} epoch(s) the model's weights are non-finite ({bad[0]}{others}) "
                               f"although every training loss was finite")
-
-
-def fit_labelled(model: nn.Module, module: CosmosModule, trained: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
-                 epochs: int, batch_size: int, trainer: TrainerConfig, seed: int) -> list[dict[str, float]]:
-    """Train ``module`` (whose backbone is ``trained``, a part of ``model`` or all of it) on shuffled batches of
-    ``(x, y)`` for ``epochs`` >= 1, seeded by ``seed``; ``model`` ends on the CPU. Returns the per-epoch losses."""
-    seed_everything(seed, verbose=False)
-    fit(module, trained, trainer, epochs, loader(on_device(trainer, x, y), batch_size, shuffle=True))
-    model.cpu()
-    return module.epoch_parts
 
 
 class StopRequests(pl.Callback):
