@@ -34,10 +34,9 @@ class ProximalModule(CosmosModule):
     """Cross-entropy plus Ditto's proximal term: ``F_i(v) + lam / 2 * ||v - w||^2`` over the backbone's parameters
     v and a fixed ``anchor`` w (the global model), so each step moves v by ``-lr * (grad F_i(v) + lam (v - w))``.
     Batches ``(x uint8 [B, C, H, W], y int64 [B])``, inputs randomly transformed by T. The logged parts are ``ce``
-    and ``prox`` (``lam / 2 * ||v - w||^2``).
+    and ``prox`` (``lam / 2 * ||v - w||^2``). The backbone and the other arguments are :class:`CosmosModule`'s.
 
     Args:
-        backbone, optimizer, transformations, channels_last, where, optimizer_key: as :class:`CosmosModule`'s.
         anchor: w, one tensor per parameter of ``backbone`` in ``backbone.parameters()`` order (kept as buffers,
             so they follow the module to its device).
         lam: lambda >= 0 (0: plain cross-entropy).

@@ -59,9 +59,14 @@ def run_stage(
         module: a :class:`~cosmos_pl.training.module.CosmosModule` class (or a function building one) whose first
             argument is the backbone trained.
         data: the stage's tensors, each ``[n, ...]``: the module's batches hold the rows ``batches`` draws.
-        epochs, batch_size, optimizer, transformations, trainer, seed: the stage's settings.
-        where, optimizer_key: the stage and the optimizer setting in error messages (e.g. ``"round 3, local
-            training, client 2"``, ``"clients.optimizer"``).
+        epochs: the stage's epochs over ``data``.
+        batch_size: the stage's batch size.
+        optimizer: ``(parameters) -> torch.optim.Optimizer``, the stage's optimizer on the trained parameters.
+        transformations: the stage's input transformations T.
+        trainer: the Trainer settings (device, precision, determinism).
+        seed: the stage's seed (:func:`~cosmos_pl.training.config.stage_seed`).
+        where: the stage in error messages (e.g. ``"round 3, local training, client 2"``).
+        optimizer_key: the optimizer setting in error messages (e.g. ``"clients.optimizer"``).
         part: the dotted name of the submodule trained (``""``: all of ``model``); its parameters with
             ``requires_grad=False`` stay fixed.
         targets: soft targets checked finite before training (None: no check).
