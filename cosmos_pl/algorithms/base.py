@@ -157,6 +157,13 @@ class Algorithm:
         """
         return served
 
+    def upload_bytes(self, client: int, state: dict[str, torch.Tensor]) -> int:
+        """Bytes of ``client``'s accepted weights upload ``state`` as the method sends it (default: every float
+        tensor, :func:`~cosmos_pl.communication.state_dict_bytes`; FedSelect: its shared entries and its mask)."""
+        from cosmos_pl.communication import state_dict_bytes
+
+        return state_dict_bytes(state)
+
     def eval_models(self, client: int) -> dict[str, nn.Module]:
         """Models scored for ``client`` besides its own f_i, by name (COSMOS: ``{"teacher": h_pi(i)}``)."""
         return {}

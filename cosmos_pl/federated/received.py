@@ -20,7 +20,8 @@ __all__ = ["accept_uploads"]
 
 
 def accept_uploads(rnd: int, kind: str, got: dict[int, Any], spec: UploadSpec,
-                   reference: Callable[[int], dict[str, torch.Tensor]], fail: Callable[[int, int, str, str], None]
+                   reference: Callable[[int], dict[str, torch.Tensor]], fail: Callable[[int, int, str, str], None],
+                   weight_bytes: Callable[[int, dict[str, torch.Tensor]], int] = lambda i, s: state_dict_bytes(s)
                    ) -> tuple[dict[int, Any], int]:
     """``({client: decoded [n, M] or state dict}, bytes of one accepted upload)`` from what the clients sent.
 
@@ -29,6 +30,8 @@ def accept_uploads(rnd: int, kind: str, got: dict[int, Any], spec: UploadSpec,
         spec: what a pseudo-label upload must be (``kind`` soft or hard).
         reference: ``client -> the float tensors its weights must match`` (FedAvg).
         fail: ``(round, client, step, reason)``, called for each client refused.
+        weight_bytes: ``(client, state) -> bytes`` of one weights upload as the algorithm sends it
+            (:meth:`~cosmos_pl.algorithms.base.Algorithm.upload_bytes`; default: every float tensor).
     """
     received = {}
     for i, item in got.items():
@@ -44,7 +47,7 @@ def accept_uploads(rnd: int, kind: str, got: dict[int, Any], spec: UploadSpec,
                 valid[i] = state
             except RejectedUpload as err:
                 fail(rnd, i, "upload", f"rejected: {err}")
-        return valid, max((state_dict_bytes(s) for s in received.values()), default=0)
+        return valid, max((weight_bytes(i, s) for i, s in valid.items()), default=0)
     decoded, sizes = {}, []
     for i, payload in received.items():
         try:

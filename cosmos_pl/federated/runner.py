@@ -224,7 +224,7 @@ class Runner:
                                   self.comm.upload_dtype, None if hard else self.comm.top_k, self.fingerprint)
                 got = self.clients.upload(rnd, step.kind, active) if active else {}
                 uploads, comm["upload_bytes_per_client"] = accept_uploads(rnd, step.kind, got, spec, self.reference,
-                                                                          self.state.fail)
+                                                                          self.state.fail, self.algorithm.upload_bytes)
                 if not uploads:
                     self.state.check_fraction(rnd)
                     raise RoundFailed(f"round {rnd}: no client sent a valid upload; the run stops at the last "

@@ -86,9 +86,13 @@ class PersonalAndGlobal(nn.Module):
 
 
 def shared_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The float tensors a client sends for parameter averaging, detached copies keyed as in ``model``'s state dict:
-    every one of a plain model (FedAvg), ``shared.*`` of a :class:`PersonalAndGlobal` (Ditto), without the head when
-    it is not shared (FedBABU: the body alone)."""
+    """The tensors a client sends for a weights upload, detached copies keyed as in ``model``'s state dict:
+    every float tensor of a plain model (FedAvg), ``shared.*`` of a :class:`PersonalAndGlobal` (Ditto), without the
+    head when it is not shared (FedBABU: the body alone). A model with its own ``weights_to_send()`` method (a
+    wrapper that sends deltas or masks) sends what that returns."""
+    own = getattr(model, "weights_to_send", None)
+    if callable(own):
+        return own()
     state = model.state_dict()
     if not isinstance(model, PersonalAndGlobal):
         return {k: v.detach().clone() for k, v in state.items() if v.is_floating_point()}
@@ -98,8 +102,12 @@ def shared_weights(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def load_shared_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load the server's averaged weights (keyed as :func:`shared_weights` sends them) into ``model``: the whole of a
-    plain model's float tensors (FedAvg), or the copy of the global model of a :class:`PersonalAndGlobal`."""
-    if isinstance(model, PersonalAndGlobal):
+    plain model's float tensors (FedAvg), or the copy of the global model of a :class:`PersonalAndGlobal`. A model
+    with its own ``receive_weights(state)`` method loads them that way."""
+    own = getattr(model, "receive_weights", None)
+    if callable(own):
+        own(state)
+    elif isinstance(model, PersonalAndGlobal):
         model.load_global(state)
     else:
         model.load_state_dict(state, strict=False)
