@@ -2,7 +2,8 @@
 client, Ray): a subprocess of the Flower tests. One simulation serves several runs in turn (one Ray start); each run draws a new run token, so its
 nodes start from round 0.
 
-Usage: python tests/flower_simulation.py NODE_STATE_DIR CLIENTS RUN_DIR:ALGORITHM [RUN_DIR:ALGORITHM ...]
+Usage: python tests/flower_simulation.py NODE_STATE_DIR CLIENTS RUN_DIR:ALGORITHM[:ARGS] [...]
+(ARGS: more ``fit`` arguments for that run, e.g. ``--clients.backbones [test_efficientnet]``)
 """
 
 import os
@@ -26,9 +27,9 @@ server_app = ServerApp()
 @server_app.main()
 def _main(grid, context):
     for run in runs:
-        run_dir, algorithm = run.rsplit(":", 1)
+        run_dir, algorithm, *more = run.split(":", 2)
         main(grid, {"config": str(config), "run-dir": run_dir, "overwrite": True,
-                    "args": f"--algorithm {algorithm} --data.num_clients {clients}"})
+                    "args": " ".join([f"--algorithm {algorithm} --data.num_clients {clients}", *more])})
 
 
 run_simulation(server_app, client_app, num_supernodes=int(clients),

@@ -161,7 +161,7 @@ def test_non_finite_numbers_from_python_or_yaml_are_refused():
         COSMOS(b0=float("nan"))
 
 
-GPU_CONFIGS = ("cifar10.yaml", "cifar100.yaml", "emnist.yaml", "tinyimagenet.yaml")
+GPU_CONFIGS = ("cifar10.yaml", "cifar100.yaml", "cifar100_homogeneous.yaml", "emnist.yaml", "tinyimagenet.yaml")
 
 
 def test_every_shipped_config_passes_validation(repo_root):
