@@ -242,3 +242,39 @@ def test_the_inner_loop_takes_exactly_its_steps_across_epochs():
                     transformations=None, trainer=TrainerConfig(accelerator="cpu"), seed=0)
     assert model.calls == 7  # 3 batches per epoch: 2 epochs and 1 step
     assert not torch.equal(model.fc.weight, start)
+
+
+def test_a_short_fit_leaves_every_client_holding_what_the_checkpointed_hypernetwork_generates(repo_root, tmp_path):
+    """digits, 3 clients, one backbone, 2 rounds: after round 2 each client's weights and ``start`` are exactly
+    h(v_i; phi) of the checkpointed hypernetwork, tagged with its generation, and the bytes are |theta| x 4 each way."""
+    import csv
+
+    from cosmos_pl.cli import main
+
+    run_dir = tmp_path / "run"
+    assert main(["fit", "--config", str(repo_root / "configs/digits_flower.yaml"), "--algorithm", "pfedhn",
+                 "--algorithm.inner_steps", "3", "--data.num_clients", "3", "--clients.backbones",
+                 "[test_efficientnet]", "--clients.pretrain_epochs", "1", "--run_dir", str(run_dir)]) == 0
+    state = torch.load(run_dir / "checkpoints" / "round-0002.pt", weights_only=True)
+    algorithm, models = state["algorithm"], state["clients"]["models"]
+    assert algorithm["generation"] == 2
+    heads = {k: v for k, v in algorithm["hypernet"].items() if k.startswith("heads.")}
+    theta = sum(v.shape[0] for k, v in heads.items() if k.endswith(".bias"))
+    def start(key):  # the client's copy of a generated parameter, "model.a.b" -> "start.a/b"
+        return "start." + key[len("model."):].replace(".", "/")
+
+    names = [k for k in models[0] if k.startswith("model.") and start(k) in models[0]]  # parameters, not BN stats
+    assert sum(models[0][k].numel() for k in names) == theta
+    shapes = {k: tuple(models[0][k].shape) for k in names}
+    hn = HyperNetwork(shapes, 3, auto_embed_dim(3, -1))
+    hn.load_state_dict(algorithm["hypernet"])
+    with torch.no_grad():
+        out = hn(torch.arange(3))
+    for i, weights in enumerate(models):
+        assert float(weights["generation"]) == 2.0
+        for k in names:
+            assert torch.equal(weights[k], out[k][i]) and torch.equal(weights[start(k)], out[k][i]), (i, k)
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["upload_bytes_per_client"], r["download_bytes_per_client"]) for r in rows[1:]] == \
+        [(str(4 * theta), str(4 * theta))] * 2
