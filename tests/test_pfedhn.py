@@ -244,6 +244,7 @@ def test_the_inner_loop_takes_exactly_its_steps_across_epochs():
     assert not torch.equal(model.fc.weight, start)
 
 
+@pytest.mark.slow  # about 22 s on one core
 def test_a_short_fit_leaves_every_client_holding_what_the_checkpointed_hypernetwork_generates(repo_root, tmp_path):
     """digits, 3 clients, one backbone, 2 rounds: after round 2 each client's weights and ``start`` are exactly
     h(v_i; phi) of the checkpointed hypernetwork, tagged with its generation, and the bytes are |theta| x 4 each way."""
