@@ -114,6 +114,10 @@ def load_shared_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> Non
 
 
 def personal_model(model: nn.Module) -> nn.Module:
-    """The model a client predicts with: ``personal`` of a :class:`PersonalAndGlobal`, else ``model`` itself (its
-    size is the model size a client reports)."""
+    """The model a client predicts with: ``personal`` of a :class:`PersonalAndGlobal`, what a wrapper's own
+    ``predictor()`` method returns (pFedHN's :class:`~cosmos_pl.models.anchored.Anchored`: its backbone), else
+    ``model`` itself (its size is the model size a client reports; the round-0 cache holds its state)."""
+    own = getattr(model, "predictor", None)
+    if callable(own):
+        return own()
     return model.personal if isinstance(model, PersonalAndGlobal) else model

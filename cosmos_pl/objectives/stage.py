@@ -43,6 +43,7 @@ def run_stage(
     part: str = "",
     targets: Optional[torch.Tensor] = None,
     batches: Callable[[tuple[torch.Tensor, ...], int], DataLoader] = shuffled,
+    steps: Optional[int] = None,
     **settings: Any,
 ) -> list[dict[str, float]]:
     """Train ``model`` (or its submodule ``part``) in place for ``epochs`` on ``data``; returns one dict per epoch
@@ -71,6 +72,8 @@ def run_stage(
             ``requires_grad=False`` stay fixed.
         targets: soft targets checked finite before training (None: no check).
         batches: ``(data, batch_size) -> DataLoader`` over ``data`` as it lies on the device.
+        steps: train for this many optimizer steps instead (over as many epochs as they take; pFedHN's inner
+            steps); None: ``epochs`` epochs.
         settings: the module's own keywords (its loss's weight, ...).
 
     Raises:
@@ -85,6 +88,6 @@ def run_stage(
     trained = model.get_submodule(part) if part else model
     built = module(trained, optimizer, transformations, channels_last=trainer.channels_last, where=where,
                    optimizer_key=optimizer_key, **settings)
-    fit(built, trained, trainer, epochs, batches(on_device(trainer, *data), batch_size))
+    fit(built, trained, trainer, epochs, batches(on_device(trainer, *data), batch_size), steps=steps)
     model.cpu()
     return built.epoch_parts

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import lightning.pytorch as pl
 import torch
@@ -119,9 +119,10 @@ def on_device(trainer: TrainerConfig, *tensors: torch.Tensor) -> tuple[torch.Ten
     return tuple(to_device(t, device) for t in tensors) if device.type == "cuda" else tensors
 
 
-def fit(module: CosmosModule, model: nn.Module, trainer: TrainerConfig, epochs: int, batches: Any) -> None:
-    """Train ``module`` (whose backbone is ``model``) on the loader ``batches`` for ``epochs``; then check
-    ``model``'s weights are finite.
+def fit(module: CosmosModule, model: nn.Module, trainer: TrainerConfig, epochs: int, batches: Any,
+        steps: Optional[int] = None) -> None:
+    """Train ``module`` (whose backbone is ``model``) on the loader ``batches`` for ``epochs`` (or, with ``steps``,
+    for that many optimizer steps over as many epochs as they take); then check ``model``'s weights are finite.
 
     Raises:
         DivergenceError: a step's loss (see :class:`CosmosModule`) or, after training, a weight or floating
@@ -135,7 +136,7 @@ def fit(module: CosmosModule, model: nn.Module, trainer: TrainerConfig, epochs: 
     out_of_memory_error = None
     try:
         with quiet_lightning():
-            make_trainer(trainer, epochs).fit(module, train_dataloaders=batches)
+            make_trainer(trainer, epochs, steps=steps).fit(module, train_dataloaders=batches)
     except Exception as err:
         if cuda_error_kind(err) != OUT_OF_MEMORY:
             raise
@@ -162,8 +163,9 @@ class StopRequests(pl.Callback):
         signals.check()
 
 
-def make_trainer(cfg: TrainerConfig, epochs: int) -> pl.Trainer:
-    """The Lightning Trainer of one stage: one device, ``cfg``'s precision and determinism, ``epochs`` epochs, no
+def make_trainer(cfg: TrainerConfig, epochs: int, steps: Optional[int] = None) -> pl.Trainer:
+    """The Lightning Trainer of one stage: one device, ``cfg``'s precision and determinism, ``epochs`` epochs (or
+    ``steps`` optimizer steps, the epochs then unbounded), no
     logger (one tracking run per experiment, stepped by round, is kept by the round loop), no checkpoint, no
     progress bar. The device on a GPU is the process's current CUDA device: the GPU a worker is pinned to (its only
     one), or the one the executor makes current for the tasks it runs in this process (``executor.devices: [1]``)."""
@@ -175,7 +177,8 @@ def make_trainer(cfg: TrainerConfig, epochs: int) -> pl.Trainer:
         precision=cfg.precision,
         deterministic=cfg.deterministic,
         benchmark=torch.backends.cudnn.benchmark,
-        max_epochs=epochs,
+        max_epochs=epochs if steps is None else -1,
+        max_steps=-1 if steps is None else steps,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
