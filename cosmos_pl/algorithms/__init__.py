@@ -10,6 +10,7 @@
 | fedavg | :class:`FedAvg` | client f_i (the global model) |
 | ditto | :class:`Ditto` | client f_i (its personal model v_i) |
 | fedbabu | :class:`FedBABU` | client f_i (the global model fine-tuned on D_i) |
+| pfedck | :class:`PFedCK` | client f_i (its personalized model phi_i) |
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from cosmos_pl.algorithms.fedbabu import FedBABU
 from cosmos_pl.algorithms.fedct import FedCT
 from cosmos_pl.algorithms.fedmd import FedMD
 from cosmos_pl.algorithms.local import LocalOnly
+from cosmos_pl.algorithms.pfedck import PFedCK
 from cosmos_pl.errors import ConfigError
 
 __all__ = ["Algorithm", "FederationContext", "ServerResult", "COSMOS", "LocalOnly", "FedMD", "FedCT", "COMET",
-           "FedAvg", "Ditto", "FedBABU", "ALGORITHMS", "algorithm_class"]
+           "FedAvg", "Ditto", "FedBABU", "PFedCK", "ALGORITHMS", "algorithm_class"]
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (COSMOS, LocalOnly, FedMD, FedCT, COMET, FedAvg, Ditto,
-                                                                      FedBABU)}
+                                                                      FedBABU, PFedCK)}
 
 
 def algorithm_class(name: str, key: str = "algorithm") -> type[Algorithm]:
