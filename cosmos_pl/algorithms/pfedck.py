@@ -123,7 +123,8 @@ class PFedCK(Algorithm):
         if len(uploads) < self.num_clusters <= self.ctx.num_clients:  # clients failed this round
             self.ctx.log(f"round {rnd}: pFedCK: only {len(uploads)} clients uploaded, fewer than num_clusters="
                          f"{self.num_clusters}: K = {len(uploads)} this round")
-        flat = {i: torch.cat([t.flatten().double() for t in state.values()]) for i, state in uploads.items()}
+        keys = list(next(iter(uploads.values())))  # one order for every client, whatever order its dict arrived in
+        flat = {i: torch.cat([state[k].flatten().double() for k in keys]) for i, state in uploads.items()}
         found, _ = kmeans(flat, self.num_clusters, self.ctx.stage_seed(rnd, "kmeans", 0), self.n_init)
         self.assignment = [found.get(i) for i in range(self.ctx.num_clients)]
         targets = cluster_means(uploads, found)

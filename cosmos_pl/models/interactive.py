@@ -62,7 +62,7 @@ class PersonalAndInteractive(PersonalAndGlobal):
     def weights_to_send(self) -> dict[str, torch.Tensor]:
         """Delta omega_i: ``{"shared.<key>": omega - start}`` for every float entry of ``shared`` (float32, the
         entries' shapes)."""
-        return {f"shared.{k}": (w.detach() - s).clone() for k, w, s in self._pairs()}
+        return {f"shared.{k}": w.detach() - s for k, w, s in self._pairs()}
 
     def receive_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Apply the server's update ``state`` (keyed ``shared.<key>``, as :meth:`weights_to_send` sends them; the
