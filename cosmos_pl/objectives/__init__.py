@@ -10,6 +10,7 @@ encoding), its LightningModule, its loss and its stage function, on the shared s
 | :mod:`~cosmos_pl.objectives.union` | ``UnionFit`` | CE on D_i and U labelled by the target's argmax | FedCT |
 | :mod:`~cosmos_pl.objectives.proximal` | ``ProxFit`` | CE + lambda / 2 ||v - w||^2 | Ditto |
 | :mod:`~cosmos_pl.objectives.finetune` | ``FineTune`` | the global model fine-tuned with CE | FedBABU |
+| :mod:`~cosmos_pl.objectives.select` | ``SelectFit`` | per-index merge, mask growth, LocalAlt on masked entries | FedSelect |
 | :mod:`~cosmos_pl.objectives.protocol` | ``Upload``, ``LoadWeights``, ``StartGlobal`` | no training: what is sent, loaded, copied | ``Upload``: all but local-only; ``LoadWeights``: FedAvg, Ditto, FedBABU; ``StartGlobal``: Ditto, FedBABU |
 
 Beside them: :mod:`~cosmos_pl.objectives.step` (the :class:`~cosmos_pl.objectives.step.ClientStep` base, whose
