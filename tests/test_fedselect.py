@@ -242,3 +242,31 @@ def test_state_round_trips_on_the_server_and_the_client():
     for m in (model, fresh):
         m.merge_pending([torch.tensor([0, 1, 0, 1], dtype=torch.uint8), torch.zeros(3, dtype=torch.uint8)])
     assert fresh.model.weight.tolist() == model.model.weight.tolist() == [7, 4, 7, 6]
+
+
+# --------------------------------------------------------------------------- end to end
+@pytest.mark.slow
+def test_a_digits_fit_grows_each_weight_tensor_by_the_pinned_count_and_counts_its_bytes(repo_root, tmp_path):
+    import csv
+    import math
+
+    from cosmos_pl.cli import main
+    from cosmos_pl.runs.checkpoint import load_latest
+
+    run_dir = tmp_path / "run"
+    main(["fit", "--config", str(repo_root / "configs/digits_flower.yaml"), "--algorithm", "fedselect",
+          "--algorithm.every", "1", "--data.num_clients", "3", "--clients.backbones", "[test_efficientnet]",
+          "--rounds", "2", "--run_dir", str(run_dir)])
+    checkpoint, _ = load_latest(run_dir)
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    for state in checkpoint["clients"]["models"]:  # one mask update, before round 2 (every = 1)
+        shared = mask_bytes = 0
+        for key, mask in state.items():
+            if key.startswith("mask."):
+                expected = grow_count(mask.numel(), 0, 0.25, 0.8) if key.endswith("weight") else 0
+                assert int(mask.sum()) == expected, key
+                shared += mask.numel() - int(mask.sum())
+                mask_bytes += math.ceil(mask.numel() / 8)
+        assert int(rows[2]["upload_bytes_per_client"]) == 4 * shared + mask_bytes
+        assert int(rows[2]["download_bytes_per_client"]) == 4 * shared
+    assert int(rows[1]["download_bytes_per_client"]) > int(rows[2]["download_bytes_per_client"])

@@ -114,6 +114,10 @@ def load_shared_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> Non
 
 
 def personal_model(model: nn.Module) -> nn.Module:
-    """The model a client predicts with: ``personal`` of a :class:`PersonalAndGlobal`, else ``model`` itself (its
-    size is the model size a client reports)."""
-    return model.personal if isinstance(model, PersonalAndGlobal) else model
+    """The model a client predicts with: ``personal`` of a :class:`PersonalAndGlobal`, what a model's own
+    ``personal_model()`` method returns (a wrapper holding masks beside its backbone), else ``model`` itself (its
+    size is the model size a client reports; the round-0 cache holds its weights)."""
+    if isinstance(model, PersonalAndGlobal):
+        return model.personal
+    own = getattr(model, "personal_model", None)
+    return own() if callable(own) else model

@@ -64,6 +64,11 @@ class Selective(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
+    def personal_model(self) -> nn.Module:
+        """The backbone (:func:`~cosmos_pl.models.personal.personal_model`): what the round-0 cache holds, so FedAvg,
+        Ditto and FedSelect share one round 0."""
+        return self.model
+
     def masks(self) -> list[torch.Tensor]:
         """The uint8 masks (1 = personal), one per parameter in ``model.named_parameters()`` order."""
         return [getattr(self.mask, _flat(n)) for n in self.names]
