@@ -18,12 +18,14 @@ from cosmos_pl.training.config import STAGE_IDS, register_stage, stage_seed
 def test_every_step_and_stage_id_is_registered_with_its_id():
     import_objectives()
     assert STAGE_IDS == {"init": 0, "local": 1, "teacher": 2, "distill": 3, "teacher_init": 4, "joint": 5,
-                         "union": 6, "kmeans": 7, "prox": 8, "finetune": 9}
+                         "union": 6, "kmeans": 7, "prox": 8, "finetune": 9,
+                         "select": 11}
     assert {"LocalFit", "Distill", "JointFit", "UnionFit", "ProxFit", "FineTune", "StartGlobal"} <= set(CLIENT_STEPS)
     steps = {name: cls for name, cls in CLIENT_STEPS.items() if cls.__module__.startswith("cosmos_pl.")}
     assert {name: cls.seed_stage for name, cls in steps.items()} == {
         "LocalFit": "local", "Distill": "distill", "JointFit": "joint", "UnionFit": "union", "ProxFit": "prox",
-        "FineTune": "finetune", "StartGlobal": ""}
+        "FineTune": "finetune", "StartGlobal": "",
+        "SelectFit": "select"}
     # a seed is a function of the id: SeedSequence([seed, round, id, model id])
     assert stage_seed(0, 1, "distill", 2) == 3625706239
 
