@@ -14,7 +14,7 @@ from cosmos_pl.algorithms import FedSelect
 from cosmos_pl.algorithms.fedavg import weighted_average
 from cosmos_pl.errors import ConfigError
 from cosmos_pl.models.selective import Selective
-from cosmos_pl.objectives.select import SelectModule, grow_count, grow_mask, grow_masks, grows_before
+from cosmos_pl.objectives.select import SelectModule, fit_select, grow_count, grow_mask, grow_masks, grows_before
 from cosmos_pl.objectives.stage import run_stage
 from cosmos_pl.training.config import TrainerConfig
 from cosmos_pl.uploads import RejectedUpload, check_weights
@@ -153,6 +153,21 @@ def test_grow_masks_grows_weight_tensors_only_and_moves_the_snapshot():
     assert model.mask.bias.tolist() == [0, 0, 0]  # biases are never personal (official: "weight" in the name)
     assert model.snapshot.weight.tolist() == pytest.approx([0.1, -0.9, 0.2, 0.0])
     assert model.snapshot.bias.tolist() == [5, 5, 5]
+
+
+def test_a_round_grows_from_the_trained_weights_then_merges_under_the_uploaded_mask():
+    model = Selective(Vector([0, 0, 0, 0]))
+    with torch.no_grad():  # as the last round's training left it; the server's average is pending
+        model.model.weight.copy_(torch.tensor([0.1, -0.9, 0.2, 0.0]))
+    model.receive_weights({"model.weight": torch.tensor([7.0, 7, 7, 7]), "model.bias": torch.ones(3)})
+    fit_select(model, torch.zeros(0, 1, 2, 2, dtype=torch.uint8), torch.zeros(0, dtype=torch.int64), epochs=1,
+               rate=0.25, limit=0.8, grow=True, batch_size=4, optimizer=torch.optim.SGD, transformations=None,
+               trainer=CPU, seed=0)
+    assert model.mask.weight.tolist() == [0, 1, 0, 0]  # from |trained - initialization|, before the merge
+    assert model.snapshot.weight.tolist() == pytest.approx([0.1, -0.9, 0.2, 0.0])
+    # the official broadcast uses the mask the client uploaded with: the entry that just became personal merges too
+    assert model.model.weight.tolist() == [7, 7, 7, 7]
+    assert model.model.bias.tolist() == [1, 1, 1] and int(model.has_pending) == 0
 
 
 def test_the_schedule_follows_the_official_rounds():
