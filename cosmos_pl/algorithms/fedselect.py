@@ -98,7 +98,8 @@ class FedSelect(Algorithm):
         rate: p in [0, 1], the fraction of a tensor's shared entries that becomes personal at each mask update
             (official ``prune_percent`` 25; 0: no entry ever becomes personal, FedAvg with an unweighted mean).
         limit: alpha in [0, 1], the largest personal fraction of a tensor (official ``prune_target`` 80).
-        every: a mask update after every ``every``-th round, >= 1 (official ``lth_epoch_iters`` 3); 0: never.
+        every: a mask update after every ``every``-th round, >= 1 (official ``lth_epoch_iters`` 3); 0: never. A run
+            of ``every`` rounds or fewer grows no mask (a 3-round demo needs 1).
 
     Raises:
         ConfigError: a setting out of range (naming it).
