@@ -125,8 +125,8 @@ def check_upload(payload: Any, spec: UploadSpec) -> None:
 
 
 def check_weights(state: Any, reference: dict[str, torch.Tensor]) -> None:
-    """Check a weights upload (FedAvg) against the server model's floating-point state dict: the same keys and
-    shapes, and finite values.
+    """Check a weights upload (FedAvg) against the server model's state dict: the same keys and shapes, finite
+    values, and uint8 tensors (FedSelect's masks) holding only 0 and 1.
 
     Raises:
         RejectedUpload: a missing or extra key, a shape, or non-finite values (naming the tensor).
@@ -142,3 +142,5 @@ def check_weights(state: Any, reference: dict[str, torch.Tensor]) -> None:
             _reject(f"{key}: shape {getattr(t, 'shape', None)}, expected {tuple(ref.shape)}")
         if not bool(torch.isfinite(t).all()):
             _reject(f"{key}: NaN or inf values")
+        if ref.dtype == torch.uint8 and (t.dtype != torch.uint8 or bool((t > 1).any())):  # a mask (FedSelect)
+            _reject(f"{key}: a mask must be uint8 0/1, got {t.dtype} with max {t.max().item() if t.numel() else 0}")

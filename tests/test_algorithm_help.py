@@ -72,4 +72,4 @@ def test_without_a_name_every_algorithm_is_listed(capsys):
     assert lines[:3] == ["usage: cosmos-pl fit --algorithm.help NAME", "",
                          "The algorithms (NAME, its class, what it does):"]
     assert [line.split()[:2] for line in lines[3:]] == [[name, f"{cls.__name__}:"] for name, cls in ALGORITHMS.items()]
-    assert lines[4] == "  local    LocalOnly: Local-only training: the floor every federated method must beat."
+    assert lines[4] == "  local      LocalOnly: Local-only training: the floor every federated method must beat."

@@ -210,8 +210,8 @@ def test_local_only_plan_and_settings_errors():
 
 
 def test_name_table_suggests_a_close_match():
-    assert set(ALGORITHMS) == {"cosmos", "local", "fedmd", "fedct", "comet", "fedavg", "ditto", "fedbabu", "pfedck",
-                               "pfedhn"}
+    assert set(ALGORITHMS) == {"cosmos", "local", "fedmd", "fedct", "comet", "fedavg", "ditto", "fedbabu", "fedselect",
+                               "pfedck", "pfedhn"}
     assert algorithm_class("FedMD") is FedMD
     with pytest.raises(ValueError, match="did you mean 'fedmd'"):
         algorithm_class("fedmdd")

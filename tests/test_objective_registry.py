@@ -19,13 +19,13 @@ def test_every_step_and_stage_id_is_registered_with_its_id():
     import_objectives()
     assert STAGE_IDS == {"init": 0, "local": 1, "teacher": 2, "distill": 3, "teacher_init": 4, "joint": 5,
                          "union": 6, "kmeans": 7, "prox": 8, "finetune": 9,
-                         "hypernet": 12, "hn_inner": 13, "mutual": 10}
+                         "hypernet": 12, "hn_inner": 13, "mutual": 10, "select": 11}
     assert {"LocalFit", "Distill", "JointFit", "UnionFit", "ProxFit", "FineTune", "StartGlobal"} <= set(CLIENT_STEPS)
     steps = {name: cls for name, cls in CLIENT_STEPS.items() if cls.__module__.startswith("cosmos_pl.")}
     assert {name: cls.seed_stage for name, cls in steps.items()} == {
         "LocalFit": "local", "Distill": "distill", "JointFit": "joint", "UnionFit": "union", "ProxFit": "prox",
         "FineTune": "finetune", "StartGlobal": "",
-        "PFedHNFit": "hn_inner", "MutualFit": "mutual"}
+        "PFedHNFit": "hn_inner", "MutualFit": "mutual", "SelectFit": "select"}
     # a seed is a function of the id: SeedSequence([seed, round, id, model id])
     assert stage_seed(0, 1, "distill", 2) == 3625706239
 

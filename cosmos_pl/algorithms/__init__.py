@@ -10,8 +10,9 @@
 | fedavg | :class:`FedAvg` | client f_i (the global model) |
 | ditto | :class:`Ditto` | client f_i (its personal model v_i) |
 | fedbabu | :class:`FedBABU` | client f_i (the global model fine-tuned on D_i) |
-| pfedhn | :class:`PFedHN` | client f_i (the weights its hypernetwork generated) |
+| fedselect | :class:`FedSelect` | client f_i (after LocalAlt, before the next merge) |
 | pfedck | :class:`PFedCK` | client f_i (its personalized model phi_i) |
+| pfedhn | :class:`PFedHN` | client f_i (the weights its hypernetwork generated) |
 """
 
 from __future__ import annotations
@@ -26,16 +27,17 @@ from cosmos_pl.algorithms.fedavg import FedAvg
 from cosmos_pl.algorithms.fedbabu import FedBABU
 from cosmos_pl.algorithms.fedct import FedCT
 from cosmos_pl.algorithms.fedmd import FedMD
+from cosmos_pl.algorithms.fedselect import FedSelect
 from cosmos_pl.algorithms.local import LocalOnly
-from cosmos_pl.algorithms.pfedhn import PFedHN
 from cosmos_pl.algorithms.pfedck import PFedCK
+from cosmos_pl.algorithms.pfedhn import PFedHN
 from cosmos_pl.errors import ConfigError
 
 __all__ = ["Algorithm", "FederationContext", "ServerResult", "COSMOS", "LocalOnly", "FedMD", "FedCT", "COMET",
-           "FedAvg", "Ditto", "FedBABU", "PFedHN", "PFedCK", "ALGORITHMS", "algorithm_class"]
+           "FedAvg", "Ditto", "FedBABU", "FedSelect", "PFedCK", "PFedHN", "ALGORITHMS", "algorithm_class"]
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (COSMOS, LocalOnly, FedMD, FedCT, COMET, FedAvg, Ditto,
-                                                                      FedBABU, PFedHN, PFedCK)}
+                                                                      FedBABU, FedSelect, PFedCK, PFedHN)}
 
 
 def algorithm_class(name: str, key: str = "algorithm") -> type[Algorithm]:

@@ -115,8 +115,9 @@ def load_shared_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> Non
 
 def personal_model(model: nn.Module) -> nn.Module:
     """The model a client predicts with: ``personal`` of a :class:`PersonalAndGlobal`, what a wrapper's own
-    ``predictor()`` method returns (pFedHN's :class:`~cosmos_pl.models.anchored.Anchored`: its backbone), else
-    ``model`` itself (its size is the model size a client reports; the round-0 cache holds its state)."""
+    ``predictor()`` method returns (pFedHN's :class:`~cosmos_pl.models.anchored.Anchored` and FedSelect's
+    :class:`~cosmos_pl.models.selective.Selective`: the backbone they wrap), else ``model`` itself (its size is the
+    model size a client reports; the round-0 cache holds its weights)."""
     own = getattr(model, "predictor", None)
     if callable(own):
         return own()

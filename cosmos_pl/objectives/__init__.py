@@ -12,6 +12,7 @@ encoding), its LightningModule, its loss and its stage function, on the shared s
 | :mod:`~cosmos_pl.objectives.finetune` | ``FineTune`` | the global model fine-tuned with CE | FedBABU |
 | :mod:`~cosmos_pl.objectives.hn_inner` | ``PFedHNFit`` | CE for a fixed number of SGD steps from the generated weights | pFedHN |
 | :mod:`~cosmos_pl.objectives.mutual` | ``MutualFit`` | personal and interactive model distil into each other (CE + a T^2 KL + b MSE of features) | pFedCK |
+| :mod:`~cosmos_pl.objectives.select` | ``SelectFit`` | per-index merge, mask growth, LocalAlt on masked entries | FedSelect |
 | :mod:`~cosmos_pl.objectives.protocol` | ``Upload``, ``LoadWeights``, ``StartGlobal`` | no training: what is sent, loaded, copied | ``Upload``: all but local-only; ``LoadWeights``: FedAvg, Ditto, FedBABU; ``StartGlobal``: Ditto, FedBABU |
 
 Beside them: :mod:`~cosmos_pl.objectives.step` (the :class:`~cosmos_pl.objectives.step.ClientStep` base, whose
