@@ -1,10 +1,12 @@
 """pFedCK, FedSelect and pFedHN on both transports, and resumed after SIGKILL.
 
-Each runs configs/digits_flower.yaml with every client on one backbone (3 clients, one per class group, rounds 0..2,
+Each runs configs/digits_flower.yaml with every client on one backbone (3 clients, one per class group, rounds 0..3,
 one torch thread per client): in-process with ``cosmos-pl fit``, on Flower's simulation engine (3 virtual SuperNodes),
-and in-process again SIGKILLed in round 2 and resumed with ``--resume``. Every client step runs the same code with
-the same seeds on either transport, and each algorithm's state (pFedHN's hypernetwork and its optimizer) is in the
-round checkpoint while the clients' (FedSelect's masks, pFedCK's interactive model, pFedHN's generation) rides in
+and in-process again SIGKILLed in round 3 and resumed with ``--resume``. Each is set so that its server state is
+exercised in round 3: FedSelect grows masks every round, pFedCK averages a cluster of two clients, and pFedHN's round
+3 is its hypernetwork's second step (its momentum comes from the checkpoint). Every client step runs the same code
+with the same seeds on either transport, and each algorithm's state (pFedHN's hypernetwork and its optimizer) is in
+the round checkpoint while the clients' (FedSelect's masks, pFedCK's interactive model, pFedHN's generation) rides in
 their models, so metrics.csv and clients.csv must be identical byte for byte all three ways.
 """
 
@@ -26,9 +28,10 @@ pytest.importorskip("flwr", reason="the [flower] extra is not installed (make te
 pytestmark = pytest.mark.slow  # subprocess runs and a Flower federation
 
 CLIENTS = 3
-# algorithm -> the stage its round starts with (where the stall that stops the run in round 2 is planted)
-FIRST_STAGE = {"pfedck": "STAGE_A", "fedselect": "STAGE_B", "pfedhn": "STAGE_C"}
-ONE_BACKBONE = "--clients.backbones [test_efficientnet]"
+# algorithm -> the stage its round starts with (where the stall that stops the run in round 3 is planted)
+FIRST_STAGE = {"fedselect": "selective training", "pfedck": "mutual distillation", "pfedhn": "inner steps"}
+SETTINGS = {"fedselect": "--algorithm.every 1", "pfedck": "--algorithm.num_clusters 2", "pfedhn": ""}
+COMMON = "--rounds 3 --clients.backbones [test_efficientnet]"
 
 
 def _every_core() -> None:
@@ -37,9 +40,13 @@ def _every_core() -> None:
         os.sched_setaffinity(0, range(os.cpu_count() or 1))
 
 
-def _fit_argv(algorithm, run_dir, *extra):
+def _more(algorithm):
+    return f"{COMMON} {SETTINGS[algorithm]}".strip()
+
+
+def _fit_argv(algorithm, run_dir):
     return ["fit", "--config", "configs/digits_flower.yaml", "--algorithm", algorithm, "--run_dir", str(run_dir),
-            "--data.num_clients", str(CLIENTS), *ONE_BACKBONE.split(), *extra]
+            "--data.num_clients", str(CLIENTS), *_more(algorithm).split()]
 
 
 def _start(argv, cwd, log, env=None):
@@ -69,7 +76,7 @@ def runs(repo_root, tmp_path_factory):
     logs = tmp / "in_process.log", tmp / "flower.log"
     in_process = _start([sys.executable, "-c", f"from cosmos_pl.cli import main; {fits}"], repo_root, logs[0])
     simulation = _start([sys.executable, str(repo_root / "tests" / "flower_simulation.py"), str(tmp / "nodes"),
-                         str(CLIENTS), *(f"{flower[a]}:{a}:{ONE_BACKBONE}" for a in FIRST_STAGE)], repo_root, logs[1])
+                         str(CLIENTS), *(f"{flower[a]}:{a}:{_more(a)}" for a in FIRST_STAGE)], repo_root, logs[1])
     _finish(in_process, logs[0])
     _finish(simulation, logs[1])
     return {"in_process": local, "flower": flower, "tmp": tmp}
@@ -81,7 +88,7 @@ def test_flower_simulation_gives_the_in_process_records(runs, algorithm):
     assert (flower / "summary.json").is_file(), (runs["tmp"] / "flower.log").read_text()[-5000:]
     _same_records(flower, local, algorithm)
     metrics = list(csv.DictReader((flower / "metrics.csv").open()))
-    assert [r["round"] for r in metrics] == ["0", "1", "2"] and all(r["failed_clients"] == "0" for r in metrics)
+    assert [r["round"] for r in metrics] == ["0", "1", "2", "3"] and all(r["failed_clients"] == "0" for r in metrics)
     traffic = list(csv.DictReader((flower / "traffic.csv").open()))
     for r in metrics[1:]:  # every client sent its weights and loaded the server's, every round
         for message in ("query.weights", "train.load_weights"):
@@ -89,18 +96,18 @@ def test_flower_simulation_gives_the_in_process_records(runs, algorithm):
 
 
 @pytest.mark.parametrize("algorithm", sorted(FIRST_STAGE))
-def test_sigkill_in_round_2_then_resume_gives_the_uninterrupted_records(runs, repo_root, algorithm):
+def test_sigkill_in_round_3_then_resume_gives_the_uninterrupted_records(runs, repo_root, algorithm):
     run_dir = runs["tmp"] / f"killed_{algorithm}"
     log = runs["tmp"] / f"killed_{algorithm}.log"
-    stall = json.dumps([{"round": 2, "client": 0, "step": FIRST_STAGE[algorithm], "kind": "hang"}])
+    stall = json.dumps([{"round": 3, "client": 0, "step": FIRST_STAGE[algorithm], "kind": "hang"}])
     env = with_hooks({**os.environ, "COSMOS_PL_TEST_FAULTS": stall})
     proc = _start([sys.executable, "-m", "cosmos_pl.cli", *_fit_argv(algorithm, run_dir)], repo_root, log, env)
     start = time.monotonic()
-    while not (run_dir / "checkpoints" / "round-0001.pt").exists():
+    while not (run_dir / "checkpoints" / "round-0002.pt").exists():
         assert proc.poll() is None, log.read_text()[-5000:]
-        assert time.monotonic() - start < PROCESS_TIMEOUT_S, "round 1 did not finish"
+        assert time.monotonic() - start < PROCESS_TIMEOUT_S, "round 2 did not finish"
         time.sleep(0.05)
-    time.sleep(3)  # round 2's first stage of client 0 has begun, inside Lightning, and stalls
+    time.sleep(3)  # round 3's first stage of client 0 has begun, inside Lightning, and stalls
     proc.send_signal(signal.SIGKILL)
     _finish(proc, log, -signal.SIGKILL)
     assert not (run_dir / "summary.json").exists()

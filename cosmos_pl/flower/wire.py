@@ -12,16 +12,18 @@ message type             server -> node                                         
 ``query.public``         rows of U (uint8), their place and U's fingerprint: once,   whether U is complete
                          to a site that does not have U (counted as setup bytes)
 ``query.pseudo_labels``  round, kind (soft/hard), dtype, top-k, U's fingerprint      the encoded pseudo-labels
-``query.weights``        round (parameter averaging: FedAvg, Ditto, FedBABU)         the float tensors it shares
-``train.load_weights``   round, the averaged float tensors (the same algorithms)     -
+``query.weights``        round (the weight-sharing baselines: FedAvg, Ditto,          what its model shares
+                         FedBABU, FedSelect, pFedCK, pFedHN)                         (``weights_to_send``)
+``train.load_weights``   round, its target: the averaged float tensors, the cluster  -
+                         mean update or the generated weights
 ``evaluate.scores``      round, whether the client failed the round (roll back),     top-1/top-5 per split and
                          whether to score, and the models to score besides its own   model, digest
                          (``eval.<name>``: the architecture's name and its float
                          tensors, e.g. COSMOS's cluster teacher h_pi(i))
 =======================  ==========================================================  ==============================
 
-A client's training steps (LocalFit, Distill, JointFit, UnionFit, ProxFit, FineTune, StartGlobal, with the target
-the server sent for it, each encoded by its own class: :func:`cosmos_pl.objectives.wire.steps_to_wire`) need no reply
+A client's training steps (LocalFit, Distill, JointFit, UnionFit, ProxFit, FineTune, StartGlobal, SelectFit,
+MutualFit, PFedHNFit, with the target the server sent for it, each encoded by its own class: :func:`cosmos_pl.objectives.wire.steps_to_wire`) need no reply
 of their own: they ride on the client's next message, which runs them first and replies their last-epoch losses. A
 round is then two messages per client (e.g. COSMOS's IFFT: local fit + pseudo-labels; distillation + scores), which
 matters where every message starts a ClientApp process (Flower 1.42). The models sent to be scored are counted apart

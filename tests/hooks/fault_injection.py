@@ -112,7 +112,8 @@ def run_with_fault(_fault_fn: Callable[..., Any], _fault_kind: str, **kwargs: An
     if _fault_kind in ("hang", "nan"):  # on a copy: the step fails, and the client's own model must stay clean
         kwargs["model"] = copy.deepcopy(kwargs["model"])
     if _fault_kind == "hang":
-        kwargs["model"].register_forward_pre_hook(lambda module, args: time.sleep(3600))
+        for module in kwargs["model"].modules():  # every one: an objective may call a wrapper's submodules directly
+            module.register_forward_pre_hook(lambda module, args: time.sleep(3600))
     if _fault_kind == "kill":
         if torch.multiprocessing.current_process().name == "MainProcess":
             raise RuntimeError("injected fault 'kill' needs executor.kind parallel (it would kill the run itself)")
