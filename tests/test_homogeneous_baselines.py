@@ -25,7 +25,8 @@ from hooks_path import with_hooks
 
 pytest.importorskip("flwr", reason="the [flower] extra is not installed (make test installs it)")
 
-pytestmark = pytest.mark.slow  # subprocess runs and a Flower federation
+# subprocess runs and a Flower federation; on one worker, which makes the module's runs once (`--dist loadgroup`)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("homogeneous_baselines")]
 
 CLIENTS = 3
 # algorithm -> the stage its round starts with (where the stall that stops the run in round 3 is planted)

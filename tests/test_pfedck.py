@@ -1,7 +1,8 @@
 """pFedCK (Zhang and Shi, Electronics 2024): the cluster update, the clients' mutual-distillation losses, the
-interactive model's delta upload, and the algorithm's checkpoint. Worked values: ../shared/notes/baselines.md,
-section 5 (recomputed by hand in each test's comments)."""
+interactive model's delta upload, and the algorithm's checkpoint. Worked values are
+recomputed by hand in each test's comments."""
 
+import dataclasses
 import math
 
 import pytest
@@ -88,6 +89,29 @@ def test_one_cluster_is_the_unweighted_mean_of_the_uploaded_interactive_models()
     algorithm.setup(_ctx(3, sizes=[1, 2, 7]))
     omega = _round(models, algorithm)
     torch.testing.assert_close(omega, torch.tensor([[1.5, 1 / 6]] * 3))
+
+
+def test_a_client_that_changes_cluster_adds_its_new_clusters_mean_to_its_own_start_and_no_averaging_is_said():
+    # round 1 from omega0 = [0, 0]: Delta [4, 0], [0, 4], [0, 4.2], [4.2, 0], K = 2 -> clusters {0, 3}, {1, 2}:
+    # starts [4.1, 0] and [0, 4.1]. Round 2: Delta [0, 1], [0, 0.9], [1, 0], [0.9, 0] -> clusters {0, 1}, {2, 3}
+    # (by the update, not the start): client 0 = [4.1, 0] + [0, 0.95] = [4.1, 0.95], client 1 = [0, 4.1] +
+    # [0, 0.95] = [0, 5.05]: members of one cluster, different omega, as the docs say
+    models = _clients([0.0, 0.0], [[4.0, 0.0], [0.0, 4.0], [0.0, 4.2], [4.2, 0.0]])
+    lines = []
+    algorithm = PFedCK(num_clusters=2)
+    algorithm.setup(dataclasses.replace(_ctx(4), log=lines.append))
+    torch.testing.assert_close(_round(models, algorithm), torch.tensor([[4.1, 0.0], [0.0, 4.1], [0.0, 4.1], [4.1, 0.0]]))
+    for m, delta in zip(models, ([0.0, 1.0], [0.0, 0.9], [1.0, 0.0], [0.9, 0.0])):
+        with torch.no_grad():
+            m.shared.fc.weight.add_(torch.tensor([delta]))
+    omega = _round(models, algorithm)
+    assert algorithm.clustering_info()["clusters"] == [[0, 1], [2, 3]]
+    torch.testing.assert_close(omega, torch.tensor([[4.1, 0.95], [0.0, 5.05], [0.95, 4.1], [5.05, 0.0]]))
+    assert lines == []
+    # as many uploads as clusters: every client is a cluster of its own, and the log says nothing is averaged
+    algorithm.server_step(2, {i: shared_weights(m) for i, m in enumerate(models[:2])})
+    assert lines == ["round 2: pFedCK: 2 clients uploaded, not more than num_clusters=2: each is a cluster of its own "
+                     "this round, so no interactive model is averaged with another's"]
 
 
 def test_the_client_losses_of_the_worked_example():

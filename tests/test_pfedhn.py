@@ -18,7 +18,7 @@ from cosmos_pl.training.config import TrainerConfig
 
 
 class LinearHN(nn.Module):
-    """theta = W v_i + b (baselines.md section 5): W = [[1, 0], [0, 1], [1, 1]], b = 0, v_0 = [1, 2], v_1 = [1, 0]."""
+    """theta = W v_i + b (a worked example, by hand below): W = [[1, 0], [0, 1], [1, 1]], b = 0, v_0 = [1, 2], v_1 = [1, 0]."""
 
     def __init__(self):
         super().__init__()
@@ -92,7 +92,8 @@ def test_hypernetwork_size_is_about_hidden_plus_one_times_the_target():
     assert auto_embed_dim(7, -1) == 2 and auto_embed_dim(50, -1) == 13 and auto_embed_dim(2, -1) == 1
     assert hypernet_size(shapes, 7, 2, 8, 2) == sum(p.numel() for p in hn.parameters()) == 7 * 2 + 3 * 8 + 2 * 9 * 8 \
         + 9 * 40
-    assert hypernet_bytes(100, 10, 3) == 4 * (300 + 40)
+    # 4 copies of the hypernetwork and 3 + 1 generated thetas, float32, plus 10%: 1.1 * 4 * (400 + 40)
+    assert hypernet_bytes(100, 10, 3) == 1936
 
 
 def test_the_client_sends_what_it_was_sent_minus_what_it_trained():
@@ -199,8 +200,11 @@ def test_setup_refuses_before_building(monkeypatch):
     from cosmos_pl.algorithms import pfedhn
 
     monkeypatch.setattr(pfedhn, "free_memory", lambda device: 1000)
-    with pytest.raises(ConfigError, match="none of .* fits either"):
+    built = []
+    monkeypatch.setattr(pfedhn, "HyperNetwork", lambda *args, **kwargs: built.append(args))
+    with pytest.raises(ConfigError, match=r"lower algorithm.init_args.hidden_dim \(now 100\): no smaller backbone"):
         PFedHN().setup(_ctx())
+    assert built == []  # refused before the hypernetwork is built
 
 
 def test_settings_are_checked_and_the_plan_is_the_papers():

@@ -21,6 +21,7 @@ Scored model: the client model f_i.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import numpy as np
@@ -48,14 +49,18 @@ def kmeans(uploads: dict[int, torch.Tensor], k: int, seed: int, n_init: int = 10
     ignored when K (after capping at the number of uploads) or the width differs.
     """
     from sklearn.cluster import KMeans
+    from sklearn.exceptions import ConvergenceWarning
 
     ids = sorted(uploads)
     x = torch.stack([uploads[i].flatten() for i in ids]).double().numpy()
     k = min(k, len(ids))
-    if init is not None and tuple(init.shape) == (k, x.shape[1]):
-        fitted = KMeans(n_clusters=k, init=init.double().numpy(), n_init=1, random_state=seed).fit(x)
-    else:
-        fitted = KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit(x)
+    with warnings.catch_warnings():
+        # fewer distinct points than K (e.g. identical uploads) is a result, not a fault: the labels say it
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        if init is not None and tuple(init.shape) == (k, x.shape[1]):
+            fitted = KMeans(n_clusters=k, init=init.double().numpy(), n_init=1, random_state=seed).fit(x)
+        else:
+            fitted = KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit(x)
     order: dict[int, int] = {}
     for lab in fitted.labels_:
         order.setdefault(int(lab), len(order))

@@ -28,15 +28,15 @@ if TYPE_CHECKING:
 __all__ = ["FedAvg", "global_model_receivers", "weighted_average", "require_one_backbone"]
 
 
-def require_one_backbone(algorithm: str, backbones: list[str]) -> None:
-    """Parameter averaging needs one architecture.
+def require_one_backbone(algorithm: str, backbones: list[str], why: str = "averages parameters") -> None:
+    """Parameter averaging (or generating, ``why``) needs one architecture.
 
     Raises:
         ConfigError: ``backbones`` (the clients' names) holds more than one name.
     """
     names = sorted(set(backbones))
     if len(names) > 1:
-        raise ConfigError(f"algorithm {algorithm} averages parameters, so every client needs the same backbone, but "
+        raise ConfigError(f"algorithm {algorithm} {why}, so every client needs the same backbone, but "
                           f"clients.backbones gives {names}: give one name (e.g. clients.backbones: [{names[0]}])")
 
 

@@ -10,7 +10,8 @@ personalized model phi_i, only trained locally, and an interactive model omega_i
 2. sends Delta omega_i, the change of omega_i since the server last updated it;
 3. the server clusters the clients by their Delta omega_i (K-means, K = ``num_clusters``, on the flattened
    updates, Euclidean) and sends each client its cluster's unweighted mean update; the client sets
-   ``omega_i <- omega_i^start + mean Delta`` (with a common start: FedAvg within the cluster).
+   ``omega_i <- omega_i^start + mean Delta`` (members with a common start, as in the first federated round or while
+   the clusters stay the same, then hold one omega: FedAvg within the cluster).
 Round 0 (every algorithm's E0 local epochs) trains phi_i alone, so every omega_i starts from the shared
 initialization.
 
@@ -120,9 +121,10 @@ class PFedCK(Algorithm):
                 LoadWeights()]
 
     def server_step(self, rnd: int, uploads: dict[int, dict[str, torch.Tensor]]) -> ServerResult:
-        if len(uploads) < self.num_clusters <= self.ctx.num_clients:  # clients failed this round
-            self.ctx.log(f"round {rnd}: pFedCK: only {len(uploads)} clients uploaded, fewer than num_clusters="
-                         f"{self.num_clusters}: K = {len(uploads)} this round")
+        if len(uploads) <= self.num_clusters <= self.ctx.num_clients:  # failed or unsampled clients
+            self.ctx.log(f"round {rnd}: pFedCK: {len(uploads)} clients uploaded, not more than num_clusters="
+                         f"{self.num_clusters}: each is a cluster of its own this round, so no interactive model is "
+                         "averaged with another's")
         keys = list(next(iter(uploads.values())))  # one order for every client, whatever order its dict arrived in
         flat = {i: torch.cat([state[k].flatten().double() for k in keys]) for i, state in uploads.items()}
         found, _ = kmeans(flat, self.num_clusters, self.ctx.stage_seed(rnd, "kmeans", 0), self.n_init)

@@ -268,9 +268,11 @@ def _fallback_words(r: AlgorithmRow) -> str:
     parts = []
     if c.alone_seeds:
         seeds = ", ".join(map(str, c.alone_seeds))
+        what = ("every client distilled a teacher of its own, so this row shows teachers of one client each, not "
+                "cluster teachers") if r.scored_model.startswith("cluster teacher") else \
+            "no client's model was averaged with another's"
         parts.append(f"seed{'s' if len(c.alone_seeds) > 1 else ''} {seeds}: no two clients shared a cluster "
-                     "(K = N): every client distilled a teacher of its own, so this row shows teachers of one client "
-                     "each, not cluster teachers")
+                     f"(K = N): {what}")
     others = [s for s in c.weak_seeds if s not in c.alone_seeds]
     if others:
         parts.append(f"seed{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}: weak cluster structure "
