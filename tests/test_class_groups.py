@@ -88,7 +88,7 @@ def test_an_unknown_algorithm_name_suggests_the_closest(repo_root, capsys):
     err = capsys.readouterr().err.strip()
     assert err == ("cosmos-pl: error: algorithm='fedmdd': unknown algorithm; did you mean 'fedmd'? valid names are "
                    "cosmos (COSMOS), local (LocalOnly), fedmd (FedMD), fedct (FedCT), comet (COMET), fedavg (FedAvg), "
-                   "ditto (Ditto), fedbabu (FedBABU)")
+                   "ditto (Ditto), fedbabu (FedBABU), fedselect (FedSelect), pfedck (PFedCK), pfedhn (PFedHN)")
 
 
 def test_argv_without_a_class_choice_is_left_as_it_is(parser):
