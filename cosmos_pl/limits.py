@@ -4,7 +4,8 @@ Most Linux desktops, many containers and many Slurm nodes start a shell with a s
 far higher hard limit (systemd's default is 1024:524288). A process may raise its own soft limit up to the hard
 limit, as many tools do at start; cosmos-pl does (:func:`raise_open_file_limit`), and its workers inherit it. Where
 the limit is hit all the same, :func:`open_file_limit_line` says so in one line naming ``ulimit -n``, in place of a
-traceback.
+traceback. :func:`memory_available` is the machine's available memory (what a worker pool or a server-side model
+may take on the CPU).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from __future__ import annotations
 import errno
 from typing import Optional
 
-__all__ = ["ResourceLimitError", "open_file_limit", "open_file_limit_line", "raise_open_file_limit",
-           "too_many_open_files"]
+__all__ = ["ResourceLimitError", "memory_available", "open_file_limit", "open_file_limit_line",
+           "raise_open_file_limit", "too_many_open_files"]
 
 try:
     import resource
@@ -84,3 +85,15 @@ def open_file_limit_line() -> str:
         text += (f", which needs a hard limit of {need} or more: ask your administrator (nofile in "
                  "/etc/security/limits.conf, LimitNOFILE in systemd, or the container's --ulimit nofile)")
     return text
+
+
+def memory_available() -> Optional[int]:
+    """This machine's available memory in bytes (``MemAvailable`` of ``/proc/meminfo``); None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -34,7 +34,7 @@ from cosmos_pl.training.config import register_stage
 if TYPE_CHECKING:
     from cosmos_pl.algorithms.base import Step
 
-__all__ = ["COMET", "kmeans", "kmeans_clusters"]
+__all__ = ["assignment_info", "COMET", "kmeans", "kmeans_clusters"]
 
 register_stage("kmeans", 7)  # seeds each round's K-means
 
@@ -68,6 +68,16 @@ def kmeans(uploads: dict[int, torch.Tensor], k: int, seed: int, n_init: int = 10
     for old, new in order.items():
         centers[new] = fitted.cluster_centers_[old]
     return {i: order[int(lab)] for i, lab in zip(ids, fitted.labels_)}, torch.from_numpy(centers[:len(order)])
+
+
+def assignment_info(assignment: list[Optional[int]], num_clusters: int) -> Optional[dict[str, Any]]:
+    """What clusters.json records of a given-K clustering (COMET, pFedCK): K found, K set, the assignment per client
+    (-1: in no cluster) and each cluster's members; None before any client was assigned."""
+    if all(a is None for a in assignment):
+        return None
+    k = max(a for a in assignment if a is not None) + 1
+    return {"K": k, "K_setting": num_clusters, "assignment": [-1 if a is None else a for a in assignment],
+            "clusters": [[i for i, a in enumerate(assignment) if a == c] for c in range(k)]}
 
 
 def kmeans_clusters(uploads: dict[int, torch.Tensor], k: int, seed: int, n_init: int = 10) -> dict[int, int]:
@@ -138,11 +148,7 @@ class COMET(Algorithm):
         return self.assignment[client]
 
     def clustering_info(self) -> Optional[dict[str, Any]]:
-        if all(a is None for a in self.assignment):
-            return None
-        k = max(a for a in self.assignment if a is not None) + 1
-        return {"K": k, "K_setting": self.num_clusters, "assignment": [-1 if a is None else a for a in self.assignment],
-                "clusters": [[i for i, a in enumerate(self.assignment) if a == c] for c in range(k)]}
+        return assignment_info(self.assignment, self.num_clusters)
 
     def state_dict(self) -> dict[str, Any]:
         return {"assignment": self.assignment, "centroids": self.centroids}

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from cosmos_pl.algorithms.base import Algorithm, ServerResult, check_setting
-from cosmos_pl.algorithms.comet import kmeans
+from cosmos_pl.algorithms.comet import assignment_info, kmeans
 from cosmos_pl.algorithms.fedavg import require_one_backbone
 from cosmos_pl.communication import state_dict_bytes
 from cosmos_pl.models.interactive import PersonalAndInteractive
@@ -136,11 +136,7 @@ class PFedCK(Algorithm):
         return self.assignment[client]
 
     def clustering_info(self) -> Optional[dict[str, Any]]:
-        if all(a is None for a in self.assignment):
-            return None
-        k = max(a for a in self.assignment if a is not None) + 1
-        return {"K": k, "K_setting": self.num_clusters, "assignment": [-1 if a is None else a for a in self.assignment],
-                "clusters": [[i for i, a in enumerate(self.assignment) if a == c] for c in range(k)]}
+        return assignment_info(self.assignment, self.num_clusters)
 
     def state_dict(self) -> dict[str, Any]:
         return {"assignment": list(self.assignment)}

@@ -44,6 +44,7 @@ from torch import nn
 from cosmos_pl.algorithms.base import Algorithm, ServerResult, check_setting
 from cosmos_pl.algorithms.fedavg import global_model_receivers, require_one_backbone
 from cosmos_pl.errors import ConfigError
+from cosmos_pl.limits import memory_available
 from cosmos_pl.models.anchored import GENERATION, Anchored
 from cosmos_pl.models.hypernet import (HyperNetwork, auto_embed_dim, hypernet_optimizer, hypernet_size,
                                        hypernet_step)
@@ -73,14 +74,7 @@ def free_memory(device: torch.device) -> Optional[int]:
     the CPU; None where unknown."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return memory_available()
 
 
 def _millions(n: int) -> str:

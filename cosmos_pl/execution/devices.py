@@ -20,7 +20,7 @@ import torch
 from cosmos_pl.errors import ConfigError
 
 __all__ = ["resolve_devices", "physical_gpu", "available_cpus", "worker_threads", "shared_memory_free",
-           "memory_available", "shared_memory_plan", "SHARED", "PRIVATE", "SEQUENTIAL", "CUDA_CONTEXT_BYTES",
+           "shared_memory_plan", "SHARED", "PRIVATE", "SEQUENTIAL", "CUDA_CONTEXT_BYTES",
            "MAX_WORKERS_PER_DEVICE", "worker_gpu_bytes", "auto_workers_per_device", "gpu_free_bytes",
            "workers_per_gpu", "too_many_threads"]
 
@@ -68,18 +68,6 @@ def shared_memory_free(path: str = "/dev/shm") -> Optional[int]:
         return shutil.disk_usage(path).free
     except OSError:
         return None
-
-
-def memory_available() -> Optional[int]:
-    """This machine's available memory in bytes (``MemAvailable`` of ``/proc/meminfo``); None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 SHARED, PRIVATE, SEQUENTIAL = "shared", "private", "sequential"

@@ -35,13 +35,13 @@ import torch
 
 from cosmos_pl import signals
 from cosmos_pl.errors import ConfigError, DataError, DeviceError, DeviceMemoryError, check
-from cosmos_pl.execution.devices import (SEQUENTIAL, SHARED, memory_available, physical_gpu, resolve_devices,
-                                         shared_memory_free, shared_memory_plan, worker_threads, workers_per_gpu)
+from cosmos_pl.execution.devices import (SEQUENTIAL, SHARED, physical_gpu, resolve_devices, shared_memory_free,
+                                         shared_memory_plan, worker_threads, workers_per_gpu)
 from cosmos_pl.execution.pipe import Template, receive, send
 from cosmos_pl.execution.task_failure import TaskFailure
 from cosmos_pl.execution.transfer import (STAGE_PREFIX, Residents, built, pack, repeated_models, trained_reply,
                                           unpack)
-from cosmos_pl.limits import ResourceLimitError, open_file_limit_line, too_many_open_files
+from cosmos_pl.limits import ResourceLimitError, memory_available, open_file_limit_line, too_many_open_files
 from cosmos_pl.objectives.step import Task
 from cosmos_pl.training.checks import BROKEN_CONTEXT, OUT_OF_MEMORY, cuda_error_kind
 
