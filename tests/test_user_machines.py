@@ -55,7 +55,9 @@ def _private_shm_prefix(size: str, usage_log) -> list[str]:
                            capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"cannot mount a private /dev/shm here: {probe.stderr.strip()[:200]}")
-    watch = (f'mount -t tmpfs -o size={size} tmpfs /dev/shm && "$@" & pid=$!; while kill -0 $pid 2>/dev/null; do '
+    # mounted before the command and its watch start: a `df` that ran before the mount would read the machine's own
+    # /dev/shm, where other processes (other tests' runs) keep their shared memory
+    watch = (f'mount -t tmpfs -o size={size} tmpfs /dev/shm || exit 97; "$@" & pid=$!; while kill -0 $pid 2>/dev/null; do '
              f"df -k /dev/shm | awk 'NR==2 {{print $3}}' >> {usage_log}; sleep 0.05; done; wait $pid")
     return ["unshare", "-m", "--propagation", "private", "sh", "-c", watch, "sh"]
 
