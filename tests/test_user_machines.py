@@ -1,6 +1,6 @@
 """A parallel fit on the machines users have, not only this project's: under an open-file limit of 1,024 (a desktop,
-a container, a Slurm node) and in Docker's 64 MB ``/dev/shm``, each a real ``cosmos-pl fit`` in a child process with
-two worker processes, giving the sequential run's numbers byte for byte; and the open-file limit raised at start,
+a container, a Slurm node) and in Docker's 64 MB ``/dev/shm``, both at once in one real ``cosmos-pl fit`` in a child
+process with two worker processes, giving the sequential run's numbers byte for byte; and the open-file limit raised at start,
 or said in one line where it is hit."""
 
 import errno
@@ -34,16 +34,6 @@ def _same_numbers(run_dir, reference):
         assert (run_dir / name).read_text() == (reference / name).read_text(), name
 
 
-@pytest.mark.slow
-def test_a_parallel_fit_under_1024_open_files_gives_the_sequential_numbers(repo_root, tmp_path, small_digits_run):
-    # every stage of a PTC and an IFFT round on 2 workers, soft and hard limit 1,024 (ulimit -n 1024), against the
-    # same run made sequentially in this process (conftest's small_digits_run)
-    run_dir = tmp_path / "parallel"
-    done = _fit(small_digits_argv(repo_root, run_dir, *PARALLEL), limit=1024)
-    assert done.returncode == 0, done.stderr[-2000:]
-    _same_numbers(run_dir, small_digits_run)
-
-
 def _private_shm_prefix(size: str, usage_log) -> list[str]:
     """A private mount namespace whose /dev/shm is a new tmpfs of ``size`` (as Docker gives a container), its used
     KiB written to ``usage_log`` every 50 ms while the command runs; or a skip where this cannot be made (not root,
@@ -63,16 +53,29 @@ def _private_shm_prefix(size: str, usage_log) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_parallel_fit_in_a_64mb_shm_gives_the_sequential_numbers(repo_root, tmp_path, small_digits_run):
+def test_a_parallel_fit_under_1024_open_files_in_a_64mb_shm_gives_the_sequential_numbers(repo_root, tmp_path,
+                                                                                       small_digits_run):
+    # every stage of a PTC and an IFFT round on 2 workers, with soft and hard open-file limits of 1,024 (ulimit -n
+    # 1024) and, where this machine can make one (root), in a private 64 MB /dev/shm (Docker's default), against the
+    # same run made sequentially in this process (conftest's small_digits_run). One run holds both limits, as a
+    # container often does; a failure's message says which limit it met.
     run_dir, usage = tmp_path / "parallel", tmp_path / "shm-kib.txt"
-    done = _fit(small_digits_argv(repo_root, run_dir, *PARALLEL), prefix=_private_shm_prefix("64m", usage))
+    try:
+        prefix = _private_shm_prefix("64m", usage)
+    except pytest.skip.Exception as why:  # the open-file limit is still checked, the /dev/shm size is not
+        print(f"/dev/shm left as it is: {why}")
+        prefix = []
+    done = _fit(small_digits_argv(repo_root, run_dir, *PARALLEL), prefix=prefix, limit=1024)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "shared memory" not in done.stdout  # it fits: no fallback, no refusal
     _same_numbers(run_dir, small_digits_run)
-    # only the resident data is in /dev/shm: at most the 1,797 digits (64 one-byte pixels and an int64 label each)
-    # and 64 bytes of alignment for each of the 5 clients' 6 tensors and U, about 131 KB; models, targets and results
-    # cross the pipes (torch's own sharing held about 45 MiB here for digits_smoke's 10 clients)
-    assert max(int(v) for v in usage.read_text().split()) < 1024, "KiB of /dev/shm in use"
+    if prefix:
+        # only the resident data is in /dev/shm: at most the 1,797 digits (64 one-byte pixels and an int64 label
+        # each) and 64 bytes of alignment for each of the 5 clients' 6 tensors and U, about 131 KB; models, targets
+        # and results cross the pipes (torch's own sharing held about 45 MiB here for digits_smoke's 10 clients)
+        assert max(int(v) for v in usage.read_text().split()) < 1024, "KiB of /dev/shm in use"
+    else:
+        pytest.skip("the open-file limit passed; a private 64 MB /dev/shm needs root and unshare (CI runs as root)")
 
 
 def test_the_soft_open_file_limit_is_raised_to_the_hard_one():
