@@ -174,9 +174,10 @@ class SlurmCluster:
             # the munge socket slurmctld signs its messages to slurmdbd with (not munge's default /run/munge)
             f"AccountingStoragePort={self.dbd_port}\nAccountingStoragePass={self.munge_socket}\n"
             "MpiDefault=none\nSwitchType=switch/none\nMailProg=/bin/true\n"
-            # a cancelled or requeued job's processes go quickly; a node that restarts is back in service; ended
-            # jobs stay in scontrol's view for the test's checks
-            "KillWait=2\nReturnToService=2\nMinJobAge=3600\nInactiveLimit=0\nWaitTime=0\nSlurmdTimeout=60\n"
+            # a cancelled or requeued job's processes are killed 10 s after its SIGTERM (long enough for a stopped
+            # fit to exit and its job to write a result, as on a cluster's default 30 s); a node that restarts is
+            # back in service; ended jobs stay in scontrol's view for the test's checks
+            "KillWait=10\nReturnToService=2\nMinJobAge=3600\nInactiveLimit=0\nWaitTime=0\nSlurmdTimeout=60\n"
             # jobs, array tasks and those whose dependency is met start within a second or two
             "SchedulerType=sched/backfill\nSchedulerParameters=sched_interval=1,bf_interval=1,sched_min_interval=0\n"
             f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN\n"
