@@ -5,14 +5,18 @@
 # apt-get exists; their system services are kept from starting (policy-rc.d: the tests start their own daemons).
 # Anywhere else one line says the slurm_cluster tests will skip. Never fails: a failed install is said in one line
 # and the tests skip with the reason.
+#
+# SBIN: folders searched for the daemons besides PATH; POLICY_RC_D: Debian's policy-rc.d (the tests point both
+# elsewhere).
 set -u
 
 PACKAGES="slurmctld slurmd slurm-client slurmdbd munge mariadb-server"
 BINARIES="slurmctld slurmd slurmdbd sbatch squeue sacct sacctmgr scontrol munged mungekey mariadbd mariadb-install-db"
+PATH="$PATH:${SBIN-/usr/sbin:/sbin}"
 
 have_binaries() {
     for b in $BINARIES; do
-        command -v "$b" >/dev/null 2>&1 || [ -x "/usr/sbin/$b" ] || [ -x "/usr/bin/$b" ] || return 1
+        command -v "$b" >/dev/null 2>&1 || return 1
     done
 }
 
@@ -25,7 +29,7 @@ fi
 
 # no service of these packages starts while they install (exit 101: "action forbidden"); a policy-rc.d already
 # there (a container's own) is left as it is
-POLICY=/usr/sbin/policy-rc.d
+POLICY=${POLICY_RC_D:-/usr/sbin/policy-rc.d}
 ours=
 if [ ! -e "$POLICY" ]; then
     printf '#!/bin/sh\nexit 101\n' > "$POLICY" && chmod 755 "$POLICY" && ours=1
