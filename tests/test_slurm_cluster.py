@@ -225,11 +225,16 @@ def test_the_requeued_job_shows_its_requeue(on_cluster):
 
 
 @_cluster
-def test_no_srun_hint_in_the_pairs_logs(on_cluster):
-    """Lightning inside the jobs is a single-process Trainer: no hint to use srun in any pair's log."""
-    for name in PAIRS:
-        log = (on_cluster["out"] / "runs" / name / "log.txt").read_text()
-        assert "srun" not in log, name
+def test_no_srun_hint_in_the_pairs_logs(on_cluster, compared):
+    """Where srun is installed, Lightning left to itself prints a hint to use it on every fit outside a Slurm step
+    (the local comparison) and takes a Slurm step's variables as its processes' layout inside one (the jobs):
+    cosmos-pl's Trainer is a single-process one everywhere, and no pair's or round-0 job's log names srun."""
+    local, _ = compared
+    logs = [*(on_cluster["out"] / "runs").glob("*/log.txt"), *(on_cluster["out"] / "round0").glob("jobs/*/log.txt"),
+            *(local / "runs").glob("*/log.txt")]
+    assert len(logs) == 10, logs
+    for log in logs:
+        assert "srun" not in log.read_text(), log
 
 
 @_cluster
