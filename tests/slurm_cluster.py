@@ -57,7 +57,10 @@ class SlurmCluster:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.host = socket.gethostname().split(".")[0]
-        self.cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        # the machine's CPUs, as slurmd counts them (not this process's affinity: under pytest-xdist a worker is
+        # pinned to its share of the cores, and one CPU would run every job one after another, leaving an array's
+        # throttle nothing to hold back)
+        self.cpus = os.cpu_count() or 1
         self.conf = self.root / "etc" / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.socket"
         self.mysql_socket = self.root / "mysql" / "mysqld.sock"
