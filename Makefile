@@ -8,7 +8,7 @@ PY      := $(VENV)/bin/python
 # where Debian's dataset-fashion-mnist puts its files (cosmos_pl.data.FashionMNIST.SYSTEM_DIR)
 FMNIST_DIR ?= /usr/share/datasets/fashion-mnist
 
-.PHONY: demo test deploy-demo peers venv data clean gpu-wheels
+.PHONY: demo test deploy-demo peers venv data slurm-packages clean gpu-wheels
 
 venv: $(VENV)/.installed
 
@@ -65,13 +65,19 @@ $(VENV)/.installed-test: pyproject.toml $(BACKEND_CHANGED)
 data:
 	@FMNIST_DIR=$(FMNIST_DIR) sh tools/fashion_mnist.sh
 
+# The one-node Slurm cluster the slurm_cluster tests start (tests/slurm_cluster.py): Debian's slurmctld, slurmd,
+# slurm-client, slurmdbd, munge and mariadb-server where this user is root and has apt-get (their services kept from
+# starting), else one line saying those tests will skip. Never fails; nothing to do where the binaries are there.
+slurm-packages:
+	@sh tools/slurm_packages.sh
+
 demo: venv data
 	$(VENV)/bin/cosmos-pl fit --config configs/fmnist_quickstart.yaml
 
 # One worker more than cores: the Flower deployment test's worker mostly waits on its own processes (SuperLink,
 # SuperNodes), which may use every core. --dist loadgroup: a module whose tests share a costly module fixture is one
 # xdist_group, run by one worker; --no-loadscope-reorder keeps tests/conftest.py's order (the Flower tests first).
-test: $(VENV)/.installed-test data
+test: $(VENV)/.installed-test data slurm-packages
 	$(PY) -m pytest -n $$(( $$(nproc) + 1 )) --dist loadgroup --no-loadscope-reorder
 
 # The same federation run by cosmos-pl, Flower's simulation engine and FL-bench (FLBENCH: a checkout of

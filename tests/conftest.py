@@ -146,3 +146,29 @@ def smoke_run(repo_root, tmp_path_factory) -> Path:
     return _shared_run(tmp_path_factory, "digits_smoke", lambda d: [
         "fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--run_dir", str(d), "--wandb.mode",
         "disabled"])
+
+
+# small enough for CI: one round, 5 clients, one epoch per stage, two pairs side by side with one thread each
+FAST = ["--rounds", "1", "--data.num_clients", "5", "--clients.pretrain_epochs", "1", "--algorithm.ptc_epochs", "1",
+        "--algorithm.teacher_epochs", "1", "--wandb.mode", "disabled"]
+
+
+@pytest.fixture(scope="session")
+def compared(repo_root, tmp_path_factory):
+    """cosmos and fedmd x seeds 0, 1 with --launcher local, two pairs side by side, W&B offline: ``(OUT, argv)``,
+    computed once per pytest run into a folder every worker sees (tests/test_compare_end_to_end.py and
+    tests/test_slurm_cluster.py compare with it; read its files, never change them)."""
+    from filelock import FileLock
+
+    from cosmos_pl.cli import main
+
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs"
+    shared.mkdir(exist_ok=True)
+    out = shared / "digits-ab"  # the folder's name is the comparison's W&B group
+    argv = ["compare", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--algorithms", "cosmos,fedmd",
+            "--seeds", "0,1", "--jobs", "2", "--out", str(out), *FAST, "--wandb.mode", "offline"]
+    with FileLock(str(shared / "digits-ab.lock")):
+        if not (out / "comparison.csv").is_file():
+            assert main(argv) == 0
+    return out, argv

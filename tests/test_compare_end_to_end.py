@@ -16,24 +16,14 @@ import pytest
 
 from cosmos_pl.cli import main
 
-# small enough for CI: one round, 5 clients, one epoch per stage, two pairs side by side with one thread each
-FAST = ["--rounds", "1", "--data.num_clients", "5", "--clients.pretrain_epochs", "1", "--algorithm.ptc_epochs", "1",
-        "--algorithm.teacher_epochs", "1", "--wandb.mode", "disabled"]
 
 
-# every test here reads one compare of 4 pairs (each a fit process) or its Slurm twin: one worker computes them
-# (`pytest --dist loadgroup`, as `make test` runs it; a module fixture is otherwise made again on every worker)
+# the tests here read one compare of 4 pairs (each a fit process, shared with tests/test_slurm_cluster.py) or its
+# Slurm twin (submitit's local executor), a module fixture: one worker computes it (`pytest --dist loadgroup`, as
+# `make test` runs it; a module fixture is otherwise made again on every worker)
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("compare")]
 
-
-@pytest.fixture(scope="module")
-def compared(repo_root, tmp_path_factory):
-    """cosmos and fedmd x seeds 0, 1 with --launcher local, two pairs side by side, W&B offline."""
-    out = tmp_path_factory.mktemp("compare") / "digits-ab"
-    argv = ["compare", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--algorithms", "cosmos,fedmd",
-            "--seeds", "0,1", "--jobs", "2", "--out", str(out), *FAST, "--wandb.mode", "offline"]
-    assert main(argv) == 0
-    return out, argv
+# `compared` (tests/conftest.py): cosmos and fedmd x seeds 0, 1 with --launcher local, computed once per pytest run
 
 
 def test_every_pair_and_report_file_is_written(compared):
@@ -251,7 +241,12 @@ def test_a_failed_slurm_job_names_its_slurm_log(tmp_path):
                 raise self.outcome
             return self.outcome
 
+    from submitit.core.utils import UncompletedJobError
+
     assert _failure(Job(None), "the pair's") is None
+    no_result = UncompletedJobError("Job 42_3 (task: 0) with path /x/42_3_0_result.pkl has not produced any output")
+    assert _failure(Job(no_result), "the pair's") == \
+        f"the pair's Slurm job 42_3 ended TIMEOUT without a result (Slurm log: {tmp_path / '42_3_0_log.out'})"
     text = _failure(Job(RuntimeError("Job not requeued because: timed-out too many times.")), "the pair's")
     assert text == (f"the pair's Slurm job 42_3 ended TIMEOUT: Job not requeued because: timed-out too many "
                     f"times. (Slurm log: {tmp_path / '42_3_0_log.out'})")

@@ -2,7 +2,8 @@
 may (root, or sudo without a password), else says in one line that cosmos-pl downloads the data on first use and
 succeeds; a real apt-get error still fails it. Run with a PATH of only the tools named (links to the real sh, id,
 env, make, and fake apt-get, sudo and id that record how they were called) and the Debian folder moved to a temp
-path. And `make demo TORCH_BACKEND=cu126` hands the backend to uv."""
+path. And `make demo TORCH_BACKEND=cu126` hands the backend to uv; and make test's Slurm packages
+(tools/slurm_packages.sh) install as root with their services kept from starting, else one line, never a failure."""
 
 import os
 import shutil
@@ -124,6 +125,76 @@ def test_a_real_apt_get_error_fails_the_step(tmp_path, bin_dir):
     assert proc.returncode != 0 and "E: Unable to locate package dataset-fashion-mnist" in proc.stderr
     assert "downloads it" not in proc.stdout
     assert log.read_text().splitlines() == [INSTALL, UPDATE, INSTALL]
+
+
+# ------------------------------------------------------------------ make test's Slurm packages (tools/slurm_packages.sh)
+SLURM_PACKAGES = "slurmctld slurmd slurm-client slurmdbd munge mariadb-server"
+SLURM_BINARIES = ("slurmctld slurmd slurmdbd sbatch squeue sacct sacctmgr scontrol munged mungekey mariadbd "
+                  "mariadb-install-db").split()
+SLURM_INSTALL = f"DEBIAN_FRONTEND=noninteractive install -y -q --no-install-recommends {SLURM_PACKAGES}"
+SKIP_LINE = f"Slurm: installing {SLURM_PACKAGES} needs root and apt-get; the slurm_cluster tests will skip\n"
+
+
+def slurm_apt_get(bin_dir: Path, log: Path, policy: Path, fail_install: str = "never") -> None:
+    """A fake apt-get: records each call, and on install what policy-rc.d held then; ``install`` puts a fake of
+    every Slurm binary in ``bin_dir`` unless ``fail_install`` is "always" or "before update"."""
+    fails = {"never": "false", "always": "true", "before update": f"[ ! -f {log}.updated ]"}[fail_install]
+    fake(bin_dir, "apt-get", f'echo "DEBIAN_FRONTEND=${{DEBIAN_FRONTEND:-}} $*" >> {log}\n'
+                             f'[ "$1" = update ] && : > {log}.updated\n'
+                             f'if [ "$1" = install ]; then\n'
+                             f'  echo "policy-rc.d: $(cat {policy} 2>/dev/null | tail -n 1)" >> {log}\n'
+                             f'  if {fails}; then echo "E: Unable to locate package slurmctld" >&2; exit 100; fi\n'
+                             f'  for b in {" ".join(SLURM_BINARIES)}; do printf "#!/bin/sh\\n" > {bin_dir}/$b; '
+                             f'{shutil.which("chmod")} 755 {bin_dir}/$b; done\n'
+                             f'fi\n'
+                             f'exit 0\n')
+
+
+def slurm_packages(tmp_path: Path, bin_dir: Path, uid: int) -> subprocess.CompletedProcess:
+    """tools/slurm_packages.sh with the PATH ``bin_dir`` only (the real sh, chmod, rm, cat, tail and a fake ``id``
+    saying ``uid``), policy-rc.d at tmp_path/policy-rc.d and no system folder searched for the daemons."""
+    for tool in ("sh", "chmod", "rm", "cat", "tail"):
+        if not (bin_dir / tool).exists():
+            (bin_dir / tool).symlink_to(shutil.which(tool))
+    fake(bin_dir, "id", f'[ "$1" = -u ] && echo {uid}\n')
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "LC_ALL": "C", "SBIN": "",
+           "POLICY_RC_D": str(tmp_path / "policy-rc.d")}
+    return subprocess.run(["sh", str(ROOT / "tools/slurm_packages.sh")], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_slurm_packages_without_root_say_the_tests_will_skip(tmp_path, bin_dir):
+    log = tmp_path / "calls"
+    slurm_apt_get(bin_dir, log, tmp_path / "policy-rc.d")
+    proc = slurm_packages(tmp_path, bin_dir, uid=1000)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, SKIP_LINE, "")
+    assert not log.exists()
+
+
+def test_slurm_packages_install_with_services_kept_from_starting_then_nothing_to_do(tmp_path, bin_dir):
+    """As root: apt-get update only after an install that failed; while apt-get installs, policy-rc.d says
+    `exit 101` (no service starts), and it is gone afterwards; once the binaries are there, nothing runs."""
+    log = tmp_path / "calls"
+    slurm_apt_get(bin_dir, log, tmp_path / "policy-rc.d", fail_install="before update")
+    proc = slurm_packages(tmp_path, bin_dir, uid=0)
+    assert (proc.returncode, proc.stdout) == (0, ""), proc.stderr
+    assert log.read_text().splitlines() == [SLURM_INSTALL, "policy-rc.d: exit 101", "DEBIAN_FRONTEND= update -qq",
+                                            SLURM_INSTALL, "policy-rc.d: exit 101"]
+    assert not (tmp_path / "policy-rc.d").exists()
+    proc = slurm_packages(tmp_path, bin_dir, uid=0)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    assert len(log.read_text().splitlines()) == 5
+
+
+def test_slurm_packages_keep_a_policy_rc_d_that_was_there_and_never_fail(tmp_path, bin_dir):
+    log = tmp_path / "calls"
+    (tmp_path / "policy-rc.d").write_text("#!/bin/sh\n# the container's own\nexit 101\n")
+    slurm_apt_get(bin_dir, log, tmp_path / "policy-rc.d", fail_install="always")
+    proc = slurm_packages(tmp_path, bin_dir, uid=0)
+    assert proc.returncode == 0 and "E: Unable to locate package slurmctld" in proc.stderr
+    assert proc.stdout == (f"Slurm: apt-get install {SLURM_PACKAGES} failed (exit 100); the slurm_cluster tests "
+                           f"will skip\n")
+    assert (tmp_path / "policy-rc.d").read_text() == "#!/bin/sh\n# the container's own\nexit 101\n"
 
 
 def make_dry_run(*variables: str) -> list[str]:

@@ -13,16 +13,23 @@ When Slurm pre-empts the job or its time limit nears, it sends the job submitit'
 ``slurm.signal_delay_s`` before the limit); submitit then calls :meth:`PairJob.checkpoint`, which stops the pair
 with SIGTERM (the run keeps its last complete round) and hands submitit the same job to requeue: the requeued job
 continues with ``fit --resume``, the path ``compare --launcher local`` takes for an interrupted pair. A job that
-reaches its time limit more than ``slurm.max_requeues`` times fails.
+reaches its time limit more than ``slurm.max_requeues`` times fails. A job Slurm ends without notice (``scancel``,
+``scontrol requeue``, a pre-emption that requeues at once) gets SIGTERM, which also stops its ``fit`` after its
+last complete round; the job then writes no result and waits for Slurm's SIGKILL, so that ``compare`` never takes
+a requeued pair for a failed one, and the requeued job resumes it.
 
-``compare`` waits for every job, then writes the report; a failed job's row names its Slurm log. Stopped while it
-waits (Ctrl-C), compare leaves the jobs running; the next ``compare`` with the same arguments skips the finished
-pairs and, on Slurm, waits for the jobs still queued or running (their ids are kept in ``slurm/jobs.json``)
-instead of submitting them again.
+Before submitting, ``compare`` checks that ``sacct`` answers (submitit follows each job's state with it, which needs
+Slurm's accounting, slurmdbd) and refuses in one line where it does not; a job sbatch refuses is one error line
+too. ``compare`` waits for every job, then writes the report; a failed job's row names its Slurm log. Stopped
+while it waits (Ctrl-C, or its login session ended), compare leaves the jobs running; the next ``compare`` with the
+same arguments skips the finished pairs and, on Slurm, waits for the jobs still queued or running (the pairs' and
+the round-0 jobs' ids are kept in ``slurm/jobs.json``) instead of submitting them again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -41,11 +48,12 @@ from cosmos_pl.errors import ConfigError
 from cosmos_pl.files import atomic_write_text
 from cosmos_pl.progress import line_every_s
 
-__all__ = ["PairJob", "Round0Job", "make_executor", "execute_slurm", "stop_running"]
+__all__ = ["PairJob", "Round0Job", "check_sacct", "make_executor", "execute_slurm", "stop_running"]
 
-# Slurm states of a job that is still to end (sacct's names, as submitit reports them)
+# Slurm states of a job that is still to end (sacct's names, as submitit reports them; PREEMPTED: a pre-empted job
+# Slurm is about to requeue)
 _ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
-           "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT"}
+           "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "PREEMPTED"}
 POLL_S = 5.0  # seconds between two looks at the Slurm jobs' states (local jobs: every second)
 
 
@@ -81,6 +89,31 @@ def stop_running(grace_s: float = 60.0) -> None:
             time.sleep(0.2)
 
 
+# how long a job that Slurm has sent SIGTERM (scancel, scontrol requeue, pre-emption) waits for Slurm's SIGKILL
+# (slurm.conf's KillWait, 30 s by default) before it reports its pair's failure
+ENDING_WAIT_S = 300.0
+
+
+def _unless_ended(run: Any) -> Optional[str]:
+    """``run()`` (a pair's or round 0's ``fit``: None, or why it failed), in a Slurm job that notes a SIGTERM. Slurm
+    sends the whole job SIGTERM when it ends it (cancelled, requeued by ``scontrol requeue`` or a pre-emption
+    without notice), then SIGKILL after its KillWait; the ``fit`` stops after its last complete round. Its failure
+    is then not reported: a result written now would tell ``compare`` the pair failed while the requeued job is to
+    resume it. The job waits for the SIGKILL instead (reporting after :data:`ENDING_WAIT_S` seconds, should none
+    come). Outside a Slurm job (submitit's local executor) it only runs ``run``."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return run()
+    ended: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: ended.append(signum))
+    try:
+        error = run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if error is not None and ended:
+        time.sleep(ENDING_WAIT_S)
+    return error
+
+
 class PairJob:
     """The Slurm job of one pair (a submitit checkpointable callable): runs it, and when pre-empted or about to
     reach its time limit stops it and has submitit requeue the job, which resumes it.
@@ -92,7 +125,7 @@ class PairJob:
         self.pair = pair
 
     def __call__(self) -> Optional[str]:
-        return launch(self.pair, ignore=(_job_signal(),))
+        return _unless_ended(lambda: launch(self.pair, ignore=(_job_signal(),)))
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """submitit's hook on pre-emption or time-out: stop the pair (it keeps its last complete round); the job
@@ -114,6 +147,9 @@ class Round0Job:
         self.pair, self.folder = pair, folder
 
     def __call__(self) -> Optional[str]:
+        return _unless_ended(self._run)
+
+    def _run(self) -> Optional[str]:
         self.folder.mkdir(parents=True, exist_ok=True)
         config = self.folder / "pair.yaml"
         atomic_write_text(config, self.pair.config_yaml)
@@ -170,12 +206,49 @@ def _recorded(folder: Path) -> dict[str, str]:
         return {}
 
 
+def _active(job: Any) -> bool:
+    """Whether a Slurm job an earlier compare submitted is still to end: its state in sacct, or, where sacct does not
+    know the job (yet: slurmctld hands jobs to slurmdbd a moment after they are submitted), in ``scontrol``."""
+    state = job.state.split()[0] if job.state else "UNKNOWN"
+    if state != "UNKNOWN":
+        return state in _ACTIVE
+    try:
+        shown = subprocess.run(["scontrol", "show", "job", str(job.job_id)], capture_output=True, text=True,
+                               timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    states = [part.split("=", 1)[1] for part in shown.split() if part.startswith("JobState=")]
+    return any(s in _ACTIVE for s in states)
+
+
+def check_sacct() -> None:
+    """Raises ConfigError unless ``sacct`` answers here: submitit follows every job's state with it, and without
+    Slurm's accounting (slurmdbd) a job that ended without a result (cancelled, failed) would be waited for
+    forever, and one still queued could not be told from one that ended."""
+    try:
+        done = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID", "-S", "now"], capture_output=True,
+                              text=True, timeout=120)
+        reason = f"exit status {done.returncode}: {' '.join((done.stderr or done.stdout).split())[:300]}"
+        ok = done.returncode == 0
+    except (OSError, subprocess.SubprocessError) as err:
+        reason, ok = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}", False
+    if not ok:
+        raise ConfigError(f"--launcher slurm: sacct cannot read the jobs' states here ({reason}); compare follows "
+                          f"its jobs with sacct, which needs Slurm's accounting (slurmdbd, AccountingStorageType="
+                          f"accounting_storage/slurmdbd in slurm.conf): run compare on a login node where sacct "
+                          f"works, or try the jobs here with --slurm.cluster local")
+
+
 def _failure(job: Any, what: str) -> Optional[str]:
     """None when ``job`` returned None, else why it failed, with its Slurm log."""
+    from submitit.core.utils import UncompletedJobError
+
     log = job.paths.stdout
     try:
         error = job.result()
     except Exception as err:  # the job failed, was cancelled, or timed out too many times
+        if type(err) is UncompletedJobError:  # no result at all (not its subclass FailedJobError: the job raised)
+            return f"{what} Slurm job {job.job_id} ended {job.state} without a result (Slurm log: {log})"
         reason = " ".join(str(err).split())[-200:]
         return f"{what} Slurm job {job.job_id} ended {job.state}: {reason} (Slurm log: {log})"
     return None if error is None else f"{error} (Slurm log: {log})"
@@ -193,6 +266,8 @@ def execute_slurm(todo: list[Pair], settings: SlurmConfig, out: Path, console: C
 
     folder = Path(settings.folder) if settings.folder else out / "slurm"
     folder.mkdir(parents=True, exist_ok=True)
+    if settings.cluster == "slurm":
+        check_sacct()
     executor = make_executor(settings, folder)
     recorded = _recorded(folder)
     jobs: dict[str, Any] = {}
@@ -201,20 +276,26 @@ def execute_slurm(todo: list[Pair], settings: SlurmConfig, out: Path, console: C
             job_id = recorded.get(p.key)
             if job_id:
                 job = submitit.SlurmJob(folder=folder, job_id=job_id)
-                if job.state in _ACTIVE:
+                if _active(job):
                     jobs[p.key] = job
     waiting = [p for p in todo if p.key not in jobs]
     if jobs:
         console.print(f"waiting for {len(jobs)} Slurm job(s) an earlier compare submitted: "
                       + ", ".join(f"{Path(key).name} ({job.job_id})" for key, job in jobs.items()))
+    refused = io.StringIO()  # what submitit prints of a refused sbatch: said once, in the error line
     try:
-        _submit(waiting, settings, executor, folder, out, jobs, recorded, console)
-    except (OSError, subprocess.CalledProcessError) as err:  # no sbatch here, or Slurm refused the job
+        with contextlib.redirect_stderr(refused):
+            _submit(waiting, settings, executor, folder, out, jobs, recorded, console)
+    except (OSError, subprocess.CalledProcessError, submitit.core.utils.FailedJobError) as err:
+        # no sbatch here, or Slurm refused the job (submitit raises FailedJobError with sbatch's error output)
         reason = " ".join(str(err).split())[:300]
         raise ConfigError(f"--launcher slurm: the jobs could not be submitted ({type(err).__name__}: {reason}); "
                           f"run compare where sbatch works (a login node), fix the slurm settings, or try the jobs "
                           f"here with --slurm.cluster local") from None
-    _wait(jobs, console, POLL_S if settings.cluster == "slurm" else 1.0)
+    if settings.cluster == "slurm":
+        _wait(jobs, console, POLL_S, refresh=submitit.SlurmJob.watcher.update)
+    else:
+        _wait(jobs, console, 1.0)
     for key, job in jobs.items():
         errors[key] = _failure(job, "the pair's")
         console.print(f"{key} ({'failed' if errors[key] else 'done'}, job {job.job_id})")
@@ -224,14 +305,24 @@ def execute_slurm(todo: list[Pair], settings: SlurmConfig, out: Path, console: C
 def _submit(waiting: list[Pair], settings: SlurmConfig, executor: Any, folder: Path, out: Path,
             jobs: dict[str, Any], recorded: dict[str, str], console: Console) -> None:
     """Submit each round-0 group's round-0 job and its pairs' job array into ``jobs`` (by run directory), recording the
-    ids in ``folder/jobs.json``."""
+    ids in ``folder/jobs.json`` (a round-0 job's by its folder: a round-0 job an earlier compare submitted for the
+    same folder that is still to end is waited for instead of submitted again)."""
+    import submitit
+
     groups = list(_round0_groups(waiting).values())
     round0_jobs = []
     for k, group in enumerate(groups):  # every round 0 first: they run side by side
         first = group[0]
-        round0_jobs.append(executor.submit(Round0Job(first, out / "round0" / "jobs" / f"seed{first.seed}-{k}")))
-        console.print(f"submitted round 0 of seed {first.seed} ({len(group)} pair(s) after it): "
-                      f"job {round0_jobs[-1].job_id}")
+        round0_folder = out / "round0" / "jobs" / f"seed{first.seed}-{k}"
+        earlier = recorded.get(str(round0_folder))
+        if settings.cluster == "slurm" and earlier and _active(submitit.SlurmJob(folder=folder, job_id=earlier)):
+            round0_jobs.append(submitit.SlurmJob(folder=folder, job_id=earlier))
+            console.print(f"round 0 of seed {first.seed}: job {earlier}, submitted by an earlier compare")
+        else:
+            round0_jobs.append(executor.submit(Round0Job(first, round0_folder)))
+            console.print(f"submitted round 0 of seed {first.seed} ({len(group)} pair(s) after it): "
+                          f"job {round0_jobs[-1].job_id}")
+        recorded[str(round0_folder)] = str(round0_jobs[-1].job_id)
     for group, round0 in zip(groups, round0_jobs):
         first = group[0]
         if settings.cluster == "slurm":
@@ -251,12 +342,16 @@ def _submit(waiting: list[Pair], settings: SlurmConfig, executor: Any, folder: P
         atomic_write_text(folder / "jobs.json", json.dumps(recorded, indent=1))
 
 
-def _wait(jobs: dict[str, Any], console: Console, poll_s: float) -> None:
+def _wait(jobs: dict[str, Any], console: Console, poll_s: float, refresh: Any = None) -> None:
     """Until every job has ended, a line each :func:`~cosmos_pl.progress.line_every_s` seconds saying how many
-    have (and when one ends, which)."""
+    have (and when one ends, which). ``refresh``: called before each look (one sacct for every Slurm job: submitit
+    alone asks sacct less and less often, up to every 10 minutes, and a job that ended without a result, e.g.
+    cancelled, is seen only by its state)."""
     every, last = line_every_s(), time.monotonic()
     ended: set[str] = set()
     while len(ended) < len(jobs):
+        if refresh is not None:
+            refresh()
         for key, job in jobs.items():
             if key not in ended and job.done():
                 ended.add(key)

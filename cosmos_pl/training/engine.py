@@ -17,6 +17,7 @@ from typing import Any, Iterator, Optional
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.plugins.environments import LightningEnvironment
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -168,7 +169,10 @@ def make_trainer(cfg: TrainerConfig, epochs: int, steps: Optional[int] = None) -
     ``steps`` optimizer steps, the epochs then unbounded), no
     logger (one tracking run per experiment, stepped by round, is kept by the round loop), no checkpoint, no
     progress bar. The device on a GPU is the process's current CUDA device: the GPU a worker is pinned to (its only
-    one), or the one the executor makes current for the tasks it runs in this process (``executor.devices: [1]``)."""
+    one), or the one the executor makes current for the tasks it runs in this process (``executor.devices: [1]``).
+    The cluster environment is always Lightning's own single-process one (``LightningEnvironment``): inside a Slurm
+    job (``compare --launcher slurm``) Lightning would otherwise take the job's ``SLURM_*`` variables as its
+    processes' layout, print its hint to use ``srun`` on every fit and install its own requeue signal handler."""
     accelerator = "gpu" if resolve_device(cfg.accelerator).type == "cuda" else "cpu"
     apply_determinism(cfg)
     return pl.Trainer(
@@ -187,4 +191,5 @@ def make_trainer(cfg: TrainerConfig, epochs: int, steps: Optional[int] = None) -
         num_sanity_val_steps=0,
         log_every_n_steps=1_000_000,
         callbacks=[StopRequests()],
+        plugins=[LightningEnvironment()],
     )
