@@ -20,8 +20,12 @@ One federation shows:
   same command, rejoins in round 2 with the model it committed after round 0; the run completes;
 - a deployment submitted without ``public`` makes ``cosmos-pl flower-run`` exit 2 with one line naming it.
 
-The audit and the nodes' faults are test hooks (tests/hooks), which its ``sitecustomize`` installs in every process
-the test starts.
+The audit, the nodes' faults and Flower's shortened waits are test hooks (tests/hooks), which its ``sitecustomize``
+installs in every process the test starts. The waits (``tests/hooks/flower_timing.py``): SuperNode 0, the one
+killed, heartbeats every 10 s, Flower's shortest (30 s in Flower), so the SuperLink marks it offline (which fails
+its round-1 distillation and lets its restart in) about 20 s after its last heartbeat instead of 60 s; the
+ServerApp polls for replies every second instead of every 3 s. The SuperLink's rules (a node is offline after 2
+missed heartbeats; a key whose node is online is refused) and every message are Flower's own.
 """
 
 import csv
@@ -52,6 +56,9 @@ README = Path(__file__).resolve().parents[1] / "docs" / "deployment.md"
 DRILL = [{"round": 1, "client": 0, "step": "client distillation", "kind": "raise"},
          {"round": 2, "client": 1, "step": "upload", "kind": "nan_values"}]
 NODE_FAULTS = {1: [DRILL[1]], 5: [{"client": 1, "step": "hello", "kind": "malformed"}]}
+# Flower's waits, shortened (module docstring): SuperNode 0's heartbeat interval, Flower's minimum (the SuperLink
+# refuses a shorter one), and the pause of the ServerApp's poll for replies
+HEARTBEAT_S, POLL_S = "10", "1"
 
 
 def _rows(path: Path) -> list[dict]:
@@ -105,13 +112,15 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
                    key=tmp_path / f"site_{site}_keys" / f"site_{site}", i=partition, data=data,
                    state=tmp_path / f"state_{name}")
         extra = {"COSMOS_PL_AUDIT_OPENS": str(tmp_path / f"{name}_opens.txt")}
+        if site == 0:  # the node killed in round 1
+            extra["COSMOS_PL_TEST_HEARTBEAT_S"] = HEARTBEAT_S
         if site in NODE_FAULTS:
             extra["COSMOS_PL_TEST_FAULTS"] = json.dumps(NODE_FAULTS[site])
         procs.start(name, [*cmd, "--port", str(port)], tmp_path, extra)
 
     try:
         procs.start("superlink", argv(SUPERLINK, host="127.0.0.1", port=link, keys="keys", state="."), operator,
-                    {"COSMOS_PL_AUDIT_OPENS": str(server_audit)})
+                    {"COSMOS_PL_AUDIT_OPENS": str(server_audit), "COSMOS_PL_TEST_POLL_S": POLL_S})
         wait_for(lambda: healthy(link, operator / "keys" / "ca.crt"), 60, "the SuperLink", procs)
         node_ids = {i: register(operator / "keys", i, env, operator) for i in (0, 1, 2, 3, 5)}
         (operator / "sites.toml").write_text(f'[clients]\n0 = "keys/site_0.pub"\n1 = "keys/site_1.pub"\n'
@@ -148,8 +157,8 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
         supernode("supernode_0", 0, 0, sites / "client_0")  # the same command: its key, its state-dir
 
         # node 0's key is the killed node's: the SuperLink refuses it (the node exits) until it has marked the old
-        # session offline (2 missed heartbeats of 30 s); a supervisor restarts it, and the server waits for it at
-        # the start of round 2 (rejoin-timeout)
+        # session offline (2 missed heartbeats, of HEARTBEAT_S here); a supervisor restarts it, and the server waits
+        # for it at the start of round 2 (rejoin-timeout)
         def ended() -> bool:
             if procs.procs["supernode_0"].poll() is not None and flwr.poll() is None:
                 time.sleep(2)
