@@ -10,9 +10,11 @@ One federation shows:
 - the ServerApp builds no client data set (it runs in a deployment's no-client-data guard, under which any such
   construction raises) and opens no file of any site nor the digits data set (an audit hook lists every path it
   opens); each SuperNode's processes open, of the site folders, only their own;
-- 2 rounds of COSMOS finish; every client's accuracies equal an in-process run over the same folders with the same
-  faults (client 0 fails its round-1 distillation, as its killed node does; client 1's round-2 upload is NaN), but
-  for client 0 in round 1, whose node was down when the round ended (no score);
+- 2 rounds of COSMOS finish; every client's accuracies equal an in-process run over a copy of the same export with
+  the same faults (client 0 fails its round-1 distillation, as its killed node does; client 1's round-2 upload is
+  NaN), but for client 0 in round 1, whose node was down when the round ended (no score). That run (``cosmos-pl
+  fit``, one torch thread per client: its numbers do not depend on what else runs) starts with the deployment and
+  runs beside it;
 - attacks: a SuperNode whose key is not registered never joins (its own log says the SuperLink would not activate it); a
   registered node whose key is not the one named for client 0 claims client 0 while client 0's node is down and is
   refused; a registered node sending a malformed hello is refused; client 1's node sends a malformed upload (NaN) in
@@ -20,8 +22,12 @@ One federation shows:
   same command, rejoins in round 2 with the model it committed after round 0; the run completes;
 - a deployment submitted without ``public`` makes ``cosmos-pl flower-run`` exit 2 with one line naming it.
 
-The audit and the nodes' faults are test hooks (tests/hooks), which its ``sitecustomize`` installs in every process
-the test starts.
+The audit, the nodes' faults and Flower's shortened waits are test hooks (tests/hooks), which its ``sitecustomize``
+installs in every process the test starts. The wait (``tests/hooks/flower_timing.py``): SuperNode 0, the one
+killed, heartbeats every 10 s, Flower's shortest (30 s in Flower), so the SuperLink marks it offline (which fails
+its round-1 distillation and lets its restart in) about 20 s after its last heartbeat instead of 60 s. The
+SuperLink's rules (a node is offline after 2 missed heartbeats; a key whose node is online is refused) and every
+message are Flower's own.
 """
 
 import csv
@@ -52,6 +58,8 @@ README = Path(__file__).resolve().parents[1] / "docs" / "deployment.md"
 DRILL = [{"round": 1, "client": 0, "step": "client distillation", "kind": "raise"},
          {"round": 2, "client": 1, "step": "upload", "kind": "nan_values"}]
 NODE_FAULTS = {1: [DRILL[1]], 5: [{"client": 1, "step": "hello", "kind": "malformed"}]}
+# SuperNode 0's heartbeat interval (module docstring): Flower's minimum (the SuperLink refuses a shorter one)
+HEARTBEAT_S = "10"
 
 
 def _rows(path: Path) -> list[dict]:
@@ -75,14 +83,17 @@ def _opened_under(log: Path, root: Path) -> set[str]:
 
 
 @pytest.mark.slow
-def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_path, injected_faults):
+def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_path):
     start = time.monotonic()
     operator, sites, logs, run_dir = (tmp_path / n for n in ("operator", "sites", "logs", "run"))
     assert main(["export-partition", "--config", str(repo_root / "configs/digits_flower.yaml"), "--data.num_clients",
                  str(CLIENTS), "--out", str(sites)]) == 0
+    # the in-process reference reads a copy of the export whole: U, and partition.json, what only a simulation knows
+    reference_sites, reference = tmp_path / "reference_sites", tmp_path / "in_process"
+    shutil.copytree(sites, reference_sites)
     (operator / "keys").mkdir(parents=True)
     shutil.move(str(sites / "public.npz"), operator / "public.npz")
-    shutil.move(str(sites / "partition.json"), tmp_path)  # what only a simulation knows: back for the reference
+    (sites / "partition.json").unlink()
     assert main(["flower-keys", "--out", str(operator / "keys"), "--host", "127.0.0.1", "--nodes", "0"]) == 0
     # sites 0..2 hold clients 0..2; site 3 is an impostor, site 4 never registered, site 5 sends a malformed hello
     for i in range(6):
@@ -105,11 +116,18 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
                    key=tmp_path / f"site_{site}_keys" / f"site_{site}", i=partition, data=data,
                    state=tmp_path / f"state_{name}")
         extra = {"COSMOS_PL_AUDIT_OPENS": str(tmp_path / f"{name}_opens.txt")}
+        if site == 0:  # the node killed in round 1
+            extra["COSMOS_PL_TEST_HEARTBEAT_S"] = HEARTBEAT_S
         if site in NODE_FAULTS:
             extra["COSMOS_PL_TEST_FAULTS"] = json.dumps(NODE_FAULTS[site])
         procs.start(name, [*cmd, "--port", str(port)], tmp_path, extra)
 
     try:
+        in_process = procs.start("in_process", [
+            sys.executable, "-m", "cosmos_pl.cli", "fit", "--config", str(repo_root / "configs/digits_flower.yaml"),
+            "--data.num_clients", str(CLIENTS), "--data.dataset", "cosmos_pl.data.SiteFolders", "--data.dataset.root",
+            str(reference_sites), "--run_dir", str(reference), "--wandb.mode", "disabled"], repo_root,
+            {"COSMOS_PL_TEST_FAULTS": json.dumps(DRILL)})
         procs.start("superlink", argv(SUPERLINK, host="127.0.0.1", port=link, keys="keys", state="."), operator,
                     {"COSMOS_PL_AUDIT_OPENS": str(server_audit)})
         wait_for(lambda: healthy(link, operator / "keys" / "ca.crt"), 60, "the SuperLink", procs)
@@ -148,8 +166,8 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
         supernode("supernode_0", 0, 0, sites / "client_0")  # the same command: its key, its state-dir
 
         # node 0's key is the killed node's: the SuperLink refuses it (the node exits) until it has marked the old
-        # session offline (2 missed heartbeats of 30 s); a supervisor restarts it, and the server waits for it at
-        # the start of round 2 (rejoin-timeout)
+        # session offline (2 missed heartbeats, of HEARTBEAT_S here); a supervisor restarts it, and the server waits
+        # for it at the start of round 2 (rejoin-timeout)
         def ended() -> bool:
             if procs.procs["supernode_0"].poll() is not None and flwr.poll() is None:
                 time.sleep(2)
@@ -158,6 +176,7 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
 
         wait_for(ended, PROCESS_TIMEOUT_S, "the run to end", procs)
         wait_for(lambda: failing.poll() is not None, 60, "the failing run's command to end", procs)
+        wait_for(lambda: in_process.poll() is not None, PROCESS_TIMEOUT_S, "the in-process reference run", procs)
     finally:
         procs.stop_all()
     print(f"deployment test: node 0 killed at {killed_at:.0f} s, run finished at {time.monotonic() - start:.0f} s")
@@ -182,16 +201,7 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
         assert seen and all(p.startswith(str(sites / f"client_{i}") + os.sep) for p in seen), (i, sorted(seen)[:5])
 
     # every client's numbers are those of the same federation in-process, with the same faults
-    reference = tmp_path / "in_process"
-    shutil.copy(operator / "public.npz", sites)
-    shutil.move(str(tmp_path / "partition.json"), sites)
-    os.environ["COSMOS_PL_TEST_FAULTS"] = json.dumps(DRILL)
-    try:
-        assert main(["fit", "--config", str(repo_root / "configs/digits_flower.yaml"), "--data.num_clients",
-                     str(CLIENTS), "--data.dataset", "cosmos_pl.data.SiteFolders", "--data.dataset.root", str(sites),
-                     "--run_dir", str(reference), "--wandb.mode", "disabled"]) == 0
-    finally:
-        del os.environ["COSMOS_PL_TEST_FAULTS"]
+    assert in_process.returncode == 0, (logs / "in_process.log").read_text()[-3000:]
     scores = ("teacher_acc", "client_acc")
 
     def by_client(path):
