@@ -8,12 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from cosmos_pl.execution.executor import Executor, ExecutorConfig
-from cosmos_pl.objectives.local_fit import fit_supervised
-from cosmos_pl.training.config import TrainerConfig
-from cosmos_pl.training.inference import predict_probs
-from cosmos_pl.training.module import default_optimizer
-
+# cosmos-pl's modules (Lightning) are imported in the tests, not here: without CUDA every test is skipped, and
+# benchmarks/gpu_check.sh --dry-run runs this module on a CPU, where these imports would be its whole cost
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
@@ -31,6 +27,11 @@ def _data(n=96):
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 def test_mixed_precision_trains_and_predicts_on_the_gpu(precision):
+    from cosmos_pl.objectives.local_fit import fit_supervised
+    from cosmos_pl.training.config import TrainerConfig
+    from cosmos_pl.training.inference import predict_probs
+    from cosmos_pl.training.module import default_optimizer
+
     if precision == "bf16-mixed" and not torch.cuda.is_bf16_supported(including_emulation=False):
         pytest.skip("this GPU has no native bfloat16 (compute capability < 8.0; torch would emulate it)")
     x, y = _data()
@@ -47,6 +48,10 @@ def test_mixed_precision_trains_and_predicts_on_the_gpu(precision):
 
 
 def test_deterministic_true_gives_identical_weights_twice(restore_flags):
+    from cosmos_pl.objectives.local_fit import fit_supervised
+    from cosmos_pl.training.config import TrainerConfig
+    from cosmos_pl.training.module import default_optimizer
+
     x, y = _data()
     cfg = TrainerConfig(accelerator="cuda", deterministic=True)
     states = []
@@ -65,6 +70,8 @@ def _seen():
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_gpus_get_one_pinned_worker_each():
+    from cosmos_pl.execution.executor import Executor, ExecutorConfig
+
     ex = Executor(ExecutorConfig(threads_per_worker=1), "auto")
     try:
         assert ex.parallel and ex.slots[:2] == [0, 1]

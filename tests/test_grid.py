@@ -68,12 +68,39 @@ def test_a_misspelt_grid_key_gets_the_closest_valid_one():
     assert str(err.value) == "--grid zzz: none of the algorithms (cosmos, local) takes 'zzz'"
 
 
-@pytest.mark.slow  # three small digits runs
-def test_a_lambda_grid_runs_each_distinct_pair_once_and_reports_every_point(repo_root, tmp_path, capsys):
+@pytest.mark.slow  # one small digits run (local-only), and conftest's small digits run
+def test_a_lambda_grid_runs_each_distinct_pair_once_and_reports_every_point(repo_root, tmp_path, capsys, monkeypatch,
+                                                                          small_digits_run):
+    import shutil
+
     import yaml
 
+    from cosmos_pl.compare import command
+
     out = tmp_path / "grid"
+    # the plan, as a dry run makes it (it writes nothing)
+    plans = []
+    make_plan = command.make_plan
+    monkeypatch.setattr(command, "make_plan", lambda *args: plans.append(make_plan(*args)) or plans[-1])
+    assert _compare(repo_root, out, "--grid", "lambda_=0,5", "--dry_run", "true") == 0
+    assert "3 distinct pairs, 0 already finished" in " ".join(capsys.readouterr().out.split()) and not out.exists()
+    # COSMOS's pair at each point planted as an earlier compare leaves a finished one: its pair.yaml as compare writes
+    # it (pairs.launch: the note, then the pair's config) and the records the report reads, summary.json and
+    # metrics.csv, those of a real COSMOS digits run (conftest's small digits run). What is tested is which pairs run
+    # where and the reports, not their training: local-only really runs
+    [plan] = plans
+    planted = [p for p in plan.unique if p.algorithm == "cosmos"]
+    assert [p.run_dir for p in planted] == [out / "lambda_=0" / "runs" / "cosmos-seed0",
+                                            out / "lambda_=5" / "runs" / "cosmos-seed0"]
+    for pair in planted:
+        pair.run_dir.mkdir(parents=True)
+        (pair.run_dir / "pair.yaml").write_text(pair.note + pair.config_yaml)
+        for name in ("summary.json", "metrics.csv"):
+            shutil.copy(small_digits_run / name, pair.run_dir / name)
     assert _compare(repo_root, out, "--grid", "lambda_=0,5") == 0
+    assert "3 distinct pairs, 2 already finished" in " ".join(capsys.readouterr().out.split())
+    for pair in planted:  # finished pairs are read, not run again
+        assert (pair.run_dir / "metrics.csv").read_text() == (small_digits_run / "metrics.csv").read_text()
     for value in (0, 5):
         folder = out / f"lambda_={value}"
         assert (folder / "comparison.md").is_file() and (folder / "accuracy_vs_round.png").is_file()

@@ -2,7 +2,8 @@
 first; a lock left by a killed process does not block the next run.
 
 Process A stalls in round 0 (the test-only ``hang`` fault on client 0's first forward pass) so that it holds its
-folder for as long as the test needs.
+folder for as long as the test needs. The second commands run in the test's own process (``cosmos_pl.cli.main``,
+whose return value is the console script's exit status): another process than A, without the start-up of one.
 """
 
 import json
@@ -50,7 +51,17 @@ def _fit(repo_root, *flags):
             "--data.num_clients", "5", "--clients.pretrain_epochs", "1", "--executor.threads_per_worker", "1", *flags]
 
 
-def test_a_second_process_on_a_run_directory_or_compare_folder_in_use_exits_2_naming_the_first(repo_root, tmp_path):
+def _here(argv, capsys):
+    """``cosmos-pl ARGV`` in this process: its exit status and what it wrote to stderr."""
+    from cosmos_pl.cli import main
+
+    capsys.readouterr()
+    status = main(argv)
+    return status, capsys.readouterr().err
+
+
+def test_a_second_process_on_a_run_directory_or_compare_folder_in_use_exits_2_naming_the_first(repo_root, tmp_path,
+                                                                                             capsys):
     run, out = tmp_path / "run", tmp_path / "cmp"
     fit_a = _start(_fit(repo_root, "--run_dir", str(run)), HANG_ROUND_0)
     compare_a = _start(["compare", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--algorithms", "local",
@@ -59,18 +70,16 @@ def test_a_second_process_on_a_run_directory_or_compare_folder_in_use_exits_2_na
         _holding(run, fit_a)
         _holding(out, compare_a)
         second = [
-            subprocess.run([sys.executable, "-m", "cosmos_pl.cli", *_fit(repo_root, "--run_dir", str(run),
-                                                                         "--overwrite", "true")],
-                           capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S),
-            subprocess.run([sys.executable, "-m", "cosmos_pl.cli", "compare", "--config",
-                            str(repo_root / "configs/digits_smoke.yaml"), "--algorithms", "local", "--seeds", "0",
-                            "--out", str(out), "--data.num_clients", "5"], capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S),
+            _here(_fit(repo_root, "--run_dir", str(run), "--overwrite", "true"), capsys),
+            _here(["compare", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--algorithms", "local",
+                   "--seeds", "0", "--out", str(out), "--data.num_clients", "5"], capsys),
         ]
-        for proc, first, folder, key in ((second[0], fit_a, run, "--run_dir"), (second[1], compare_a, out, "--out")):
-            lines = proc.stderr.strip().splitlines()
-            assert proc.returncode == 2, proc.stderr
+        for (status, err), first, folder, key in ((second[0], fit_a, run, "--run_dir"),
+                                                  (second[1], compare_a, out, "--out")):
+            lines = err.strip().splitlines()
+            assert status == 2, err
             assert len(lines) == 1 and lines[0].startswith(
-                f"cosmos-pl: error: {key}='{folder}': in use by process {first.pid} (`"), proc.stderr
+                f"cosmos-pl: error: {key}='{folder}': in use by process {first.pid} (`"), err
             assert "wait for it to finish, or stop it" in lines[0]
         # the refused overwrite removed nothing of the running run, and the refused compare no pair folder
         assert (out / "runs" / "local-seed0" / "pair.yaml").is_file()
@@ -80,6 +89,5 @@ def test_a_second_process_on_a_run_directory_or_compare_folder_in_use_exits_2_na
             proc.communicate()
     # the killed processes' locks went with them: the next runs get past the lock (and stop at the next check:
     # the first run never finished round 0, so there is nothing to resume)
-    after = subprocess.run([sys.executable, "-m", "cosmos_pl.cli", *_fit(repo_root, "--resume", str(run))],
-                           capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S)
-    assert after.returncode == 2 and "no checkpoint in" in after.stderr and "in use" not in after.stderr
+    status, err = _here(_fit(repo_root, "--resume", str(run)), capsys)
+    assert status == 2 and "no checkpoint in" in err and "in use" not in err
