@@ -10,7 +10,7 @@ download it into the data folder. Otherwise on a same-shape stand-in (:func:`wri
 32x32x3 uint8 images of 100 classes, each class a fixed smooth random pattern under pixel noise, which the
 partitioner splits into the same 5 class groups. It is meant to be learnt quickly, so that the clustering finds
 the groups as on CIFAR-100; that has not been checked at full size (no GPU here), and K and the adjusted Rand index
-in the output say whether it did. ``--dry-run`` shrinks everything (500 + 100 stand-in images of 20 classes at
+in the output say whether it did. ``--dry-run`` shrinks everything (250 + 100 stand-in images of 20 classes at
 16x16, 5 clients, one epoch in round 0, timm's test backbones, float32, no download, ``trainer.accelerator auto``)
 so that the script's logic finishes in seconds on a CPU; its timings and clusters mean nothing (its tiny models do
 not find the groups). Without ``--dry-run`` it needs CUDA: where torch cannot use it, it exits with status 2 before
@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common, paper_round
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs/cifar100.yaml"
 FULL = {"train": 50_000, "test": 10_000, "classes": 100, "size": 32}
-DRY = {"train": 500, "test": 100, "classes": 20, "size": 16}
+DRY = {"train": 250, "test": 100, "classes": 20, "size": 16}
 # tiny, offline and fast on one CPU core: the script's path, not the paper's numbers
 DRY_RUN_SETTINGS = ["--data.num_clients", "5", "--clients.pretrain_epochs", "1",
                     "--data.test_samples_per_client", "10",

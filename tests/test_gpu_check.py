@@ -108,15 +108,15 @@ def test_offline_dry_run_finishes_on_a_cpu_with_every_figure(repo_root, tmp_path
         assert runs[f"{setting}, parallel"].endswith(", exit 0, open-file limit (1024, 1024)")
         assert runs[f"{setting}, sequential"].endswith(" s, exit 0")
     figures = json.loads(out[-1])
-    assert figures["dry_run"] is True and figures["data"] == "stand-in: 500 + 100 16x16x3 images of 20 class patterns"
+    assert figures["dry_run"] is True and figures["data"] == "stand-in: 250 + 100 16x16x3 images of 20 class patterns"
     assert figures["gpus"] == []
     assert figures["seconds_per_round"] > 0
-    # 500 training images, U = 20% of them (100); 5 clients with the rest; one view besides the image (Eq. 1);
+    # 250 training images, U = 20% of them (50); 5 clients with the rest; one view besides the image (Eq. 1);
     # one epoch per stage (teacher_epochs 1 in the dry run)
     k = figures["clusters"]["K"]
-    assert figures["images_per_round_by_stage"] == {"local training": 400, "pseudo-labels": 5 * 100,
-                                                    "teacher distillation": k * 100 * 2,
-                                                    "client distillation": 5 * 100 * 2}
+    assert figures["images_per_round_by_stage"] == {"local training": 200, "pseudo-labels": 5 * 50,
+                                                    "teacher distillation": k * 50 * 2,
+                                                    "client distillation": 5 * 50 * 2}
     assert set(figures["images_per_second_by_stage"]) == set(figures["images_per_round_by_stage"])
     assert 1 <= k <= 5 and set(figures["final"]) == {"teacher_acc", "client_acc"}
 
