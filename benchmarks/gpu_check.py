@@ -264,6 +264,8 @@ def run(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--equality", action="store_true", help="the sequential-parallel and open-file-limit runs")
     parser.add_argument("--deadline", type=float, default=None, help="--equality: stop its runs after this many s")
     args, overrides = parser.parse_known_args(argv)
+    if args.run_dir is not None:  # the equality fits run in their own folder: a relative path would land there
+        args.run_dir = args.run_dir.resolve()
     if not args.dry_run:
         require_cuda()
     if args.equality:
