@@ -12,9 +12,7 @@ is one error line; Lightning inside a Slurm job stays a single-process Trainer (
 real job and, without a cluster, with a Slurm job's variables set.
 """
 
-import csv
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -201,7 +199,8 @@ def test_pair_jobs_start_after_their_round0_job_one_at_a_time_per_array(on_clust
         by_id.setdefault(r["JobID"], []).append(r)
     arrays: dict[str, list[dict]] = {}
     for seed in (0, 1):
-        [round0_key] = [k for k in recorded if Path(k).parent.name == "jobs" and Path(k).name.startswith(f"seed{seed}-")]
+        [round0_key] = [k for k in recorded
+                        if Path(k).parent.name == "jobs" and Path(k).name.startswith(f"seed{seed}-")]
         [round0] = by_id[recorded[round0_key]]
         assert round0["State"] == "COMPLETED", round0
         for alg in ("cosmos", "fedmd"):
