@@ -107,7 +107,8 @@ class SlurmCluster:
             if ready():
                 return
             if proc.poll() is not None:
-                raise Unavailable(f"{name} exited with {proc.returncode}: {_tail(log)} {_tail(log.with_suffix('.out'))}")
+                raise Unavailable(f"{name} exited with {proc.returncode}: {_tail(log)} "
+                                  f"{_tail(log.with_suffix('.out'))}")
             time.sleep(0.2)
         raise Unavailable(f"{name} did not come up in {timeout_s:.0f} s: {_tail(log)} {_tail(log.with_suffix('.out'))}")
 

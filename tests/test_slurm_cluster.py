@@ -12,9 +12,7 @@ is one error line; Lightning inside a Slurm job stays a single-process Trainer (
 real job and, without a cluster, with a Slurm job's variables set.
 """
 
-import csv
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -201,7 +199,8 @@ def test_pair_jobs_start_after_their_round0_job_one_at_a_time_per_array(on_clust
         by_id.setdefault(r["JobID"], []).append(r)
     arrays: dict[str, list[dict]] = {}
     for seed in (0, 1):
-        [round0_key] = [k for k in recorded if Path(k).parent.name == "jobs" and Path(k).name.startswith(f"seed{seed}-")]
+        [round0_key] = [k for k in recorded
+                        if Path(k).parent.name == "jobs" and Path(k).name.startswith(f"seed{seed}-")]
         [round0] = by_id[recorded[round0_key]]
         assert round0["State"] == "COMPLETED", round0
         for alg in ("cosmos", "fedmd"):
@@ -299,7 +298,9 @@ def test_a_cluster_without_accounting_is_refused_before_submitting(slurm_cluster
 
 # a stage's Trainer built inside a job, with its cluster environment and the handlers it has while it trains
 _TRAINER_IN_A_JOB = """
-import os, signal, torch
+import os, signal, sys, torch
+sys.stdout.reconfigure(line_buffering=True)
+os.dup2(1, 2)  # warnings and prints in one stream, in order (srun forwards two streams as it reads them)
 import lightning.pytorch as pl
 from cosmos_pl.training.config import TrainerConfig
 from cosmos_pl.training.engine import make_trainer
@@ -315,8 +316,8 @@ def names(handler):
 
 class Probe(pl.Callback):
     def on_train_start(self, trainer, module):
-        print("while training: SIGUSR1", names(signal.getsignal(signal.SIGUSR1)),
-              "SIGTERM", names(signal.getsignal(signal.SIGTERM)))
+        usr1, term = names(signal.getsignal(signal.SIGUSR1)), names(signal.getsignal(signal.SIGTERM))
+        print(f"while training: SIGUSR1 {usr1} SIGTERM {term}", flush=True)
 
 class Tiny(pl.LightningModule):
     def __init__(self):
@@ -358,6 +359,29 @@ def test_lightning_in_a_slurm_job_is_a_single_process_trainer(slurm_cluster, tmp
     assert text.count("while training: SIGUSR1 ['SIG_DFL'] SIGTERM "
                       "['_SignalConnector._sigterm_notifier_fn'") == 2, text
     assert "_slurm_sigusr_handler_fn" not in text and "_sigterm_handler_fn" not in text
+
+
+def test_lightnings_srun_hint_is_held_back_during_a_stage(monkeypatch):
+    """Lightning's fit asks SLURMEnvironment.detect() whatever the Trainer's cluster environment, which warns where
+    srun is installed and this process is no srun step: held back inside quiet_lightning (every stage's fit runs
+    there), and only there."""
+    import warnings
+
+    from lightning.fabric.plugins.environments import slurm
+
+    from cosmos_pl.training.engine import quiet_lightning
+
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.delenv("SLURM_NTASKS", raising=False)
+    with warnings.catch_warnings(record=True) as outside:
+        warnings.simplefilter("always")
+        slurm.SLURMEnvironment.detect()
+    assert any("The `srun` command is available" in str(w.message) for w in outside), outside
+    with warnings.catch_warnings(record=True) as inside:
+        warnings.simplefilter("always")
+        with quiet_lightning():
+            slurm.SLURMEnvironment.detect()
+    assert [str(w.message) for w in inside] == []
 
 
 def test_make_trainer_ignores_a_slurm_jobs_variables(monkeypatch):

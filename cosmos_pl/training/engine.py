@@ -31,8 +31,11 @@ __all__ = ["Batches", "EpochOrder", "StopRequests", "fit", "loader", "make_train
            "quiet_lightning", "to_device"]
 
 _LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero")
+# the srun hint: Lightning's `fit` asks SLURMEnvironment.detect() whatever the cluster environment (whether to resume
+# from an "hpc" checkpoint), which warns on every fit where srun is installed and the process is not an srun step
 _QUIET_WARNINGS = (".*does not have many workers.*", ".*LeafSpec.*", ".*smaller than the logging interval.*",
-                   ".*Precision.*is not supported by the model summary.*")
+                   ".*Precision.*is not supported by the model summary.*",
+                   ".*The `srun` command is available on your system but is not used.*")
 
 
 @contextlib.contextmanager
@@ -172,7 +175,8 @@ def make_trainer(cfg: TrainerConfig, epochs: int, steps: Optional[int] = None) -
     one), or the one the executor makes current for the tasks it runs in this process (``executor.devices: [1]``).
     The cluster environment is always Lightning's own single-process one (``LightningEnvironment``): inside a Slurm
     job (``compare --launcher slurm``) Lightning would otherwise take the job's ``SLURM_*`` variables as its
-    processes' layout, print its hint to use ``srun`` on every fit and install its own requeue signal handler."""
+    processes' layout and install its own requeue signal handler, and print its hint to use ``srun`` where srun is
+    installed (the hint its ``fit`` prints all the same is held back by :func:`quiet_lightning`)."""
     accelerator = "gpu" if resolve_device(cfg.accelerator).type == "cuda" else "cpu"
     apply_determinism(cfg)
     return pl.Trainer(
