@@ -144,6 +144,18 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
                               tmp_path)
         flwr = procs.start("flwr_run", argv(SUBMIT, server=operator, run=run_dir, clients=CLIENTS), repo_root)
 
+        def while_running(predicate):
+            # a predicate of the run's progress, which fails at once once the run has ended without it (instead of
+            # waiting for PROCESS_TIMEOUT_S)
+            def check() -> bool:
+                ended = flwr.poll() is not None  # read first: what the run did before it ended is on disk by then
+                if predicate():
+                    return True
+                assert not ended, f"the run ended before this point\n{procs.tails()}"
+                return False
+
+            return check
+
         def uploaded(rnd: int, client: int) -> bool:
             return any(r["round"] == str(rnd) and r["client"] == str(client) and r["message"] == "query.pseudo_labels"
                        for r in _rows(run_dir / "traffic.csv"))
@@ -151,7 +163,7 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
         # round 1: once client 0's pseudo-labels have arrived, kill its SuperNode (and the ClientApp it started), and
         # bring in a registered node, not the one named for client 0, that claims client 0: the server greets it at
         # the start of round 2, while client 0 has no node (its node comes back only once the refusal is recorded)
-        wait_for(lambda: uploaded(1, 0), PROCESS_TIMEOUT_S, "client 0's round-1 upload", procs)
+        wait_for(while_running(lambda: uploaded(1, 0)), PROCESS_TIMEOUT_S, "client 0's round-1 upload", procs)
         procs.kill("supernode_0")
         killed_at = time.monotonic() - start
         supernode("impostor", 3, 0, elsewhere)
@@ -161,7 +173,7 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
             return path.is_file() and any(f["node_id"] == node_ids[3] for f in
                                           json.loads(path.read_text())["join_failures"])
 
-        wait_for(impostor_refused, PROCESS_TIMEOUT_S, "the impostor's refusal", procs)
+        wait_for(while_running(impostor_refused), PROCESS_TIMEOUT_S, "the impostor's refusal", procs)
         assert "0" not in json.loads((run_dir / "nodes.json").read_text())["clients"]  # client 0's node is down
         supernode("supernode_0", 0, 0, sites / "client_0")  # the same command: its key, its state-dir
 

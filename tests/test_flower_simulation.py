@@ -21,10 +21,12 @@ crosses the wire, so metrics.csv and clients.csv must be identical byte for byte
   both, in round 3 alone, would not, and an uninterrupted in-process run of each (one more Lightning process, three
   more fits) is what that would take.
 
-All the runs start at once, from the module's fixture (their processes share the cores; the numbers do not
-depend on what else runs, with one torch thread each): the simulation, the in-process COSMOS and FedMD, and the
-three runs to be killed; each of these is killed 3 s after its round-2 checkpoint is written (round 3's first stage
-of client 0 has then begun, inside Lightning, and stalls) and resumed at once.
+All the runs start from the module's fixture and run side by side (the numbers do not depend on what else runs,
+with one torch thread each): the simulation first, then, once its nodes have been greeted, the in-process COSMOS and
+FedMD and the three runs to be killed (Ray gives its raylet a fixed 30 s to register at its start, which four more
+processes importing Lightning at the same moment on a loaded machine have made it miss). Each of these three is
+killed 3 s after its round-2 checkpoint is written (round 3's first stage of client 0 has then begun, inside
+Lightning, and stalls) and resumed at once.
 """
 
 import csv
@@ -88,7 +90,7 @@ def _status(proc, deadline):
 
 @pytest.fixture(scope="module")
 def runs(repo_root, tmp_path_factory):
-    """Every run of the module, started at once (module docstring). Returns ``{"tmp", "in_process", "flower",
+    """Every run of the module, side by side (module docstring). Returns ``{"tmp", "in_process", "flower",
     "killed"}``: the run directories ``{algorithm: run_dir}`` of the in-process runs (COSMOS and FedMD), of the
     simulation's runs (all five) and of the killed and resumed runs, with ``"status"``: each process's exit
     status (None: still running after PROCESS_TIMEOUT_S), ``"killed_status"`` and ``"resume_status"`` by
@@ -99,11 +101,14 @@ def runs(repo_root, tmp_path_factory):
     killed = {a: tmp / f"killed_{a}" for a in FIRST_STAGE}
     fits = "; ".join(f"assert main({_fit_argv(a, local[a])!r}) == 0" for a in PROTOCOLS)
     deadline = time.monotonic() + PROCESS_TIMEOUT_S
-    procs = {"in_process": _start([sys.executable, "-c", f"from cosmos_pl.cli import main; {fits}"], repo_root,
-                                  tmp / "in_process.log"),
-             "flower": _start([sys.executable, str(repo_root / "tests" / "flower_simulation.py"), str(tmp / "nodes"),
+    nodes = tmp / "nodes"  # the virtual nodes' disks: a node writes its identity there when it is greeted
+    procs = {"flower": _start([sys.executable, str(repo_root / "tests" / "flower_simulation.py"), str(nodes),
                                str(CLIENTS), *(f"{flower[a]}:{a}:{_more(a)}".rstrip(":") for a in flower)],
                               repo_root, tmp / "flower.log")}
+    while not nodes.exists() and procs["flower"].poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    procs["in_process"] = _start([sys.executable, "-c", f"from cosmos_pl.cli import main; {fits}"], repo_root,
+                                 tmp / "in_process.log")
     stalls = {}
     for a in FIRST_STAGE:
         stall = json.dumps([{"round": 3, "client": 0, "step": FIRST_STAGE[a], "kind": "hang"}])
