@@ -94,8 +94,10 @@ def repo_root():
 # they overlap with the rest of the suite instead of running alone at its end. `make test` runs `pytest --dist
 # loadgroup --no-loadscope-reorder`: a module whose tests share a costly module fixture is one group (`xdist_group`),
 # given whole to one worker; the work goes out in this order, the first unit to the first worker, the second to the
-# second, then to whichever worker has at most two tests waiting. So the deployment and the simulation come first.
-_FIRST = ("test_tls_deployment_of_sites_with_their_own_data_and_keys", "test_simulation_metrics_equal_the_in_process_run")
+# second, then to whichever worker has at most two tests waiting. So the deployment, the simulation and the Slurm
+# cluster's comparison (which waits on its scheduler and the local comparison as much as it computes) come first.
+_FIRST = ("test_tls_deployment_of_sites_with_their_own_data_and_keys", "test_simulation_metrics_equal_the_in_process_run",
+          "test_the_slurm_comparison_equals_the_local_one")
 
 
 def pytest_collection_modifyitems(config, items):
