@@ -129,7 +129,7 @@ def test_tls_deployment_of_sites_with_their_own_data_and_keys(repo_root, tmp_pat
             str(reference_sites), "--run_dir", str(reference), "--wandb.mode", "disabled"], repo_root,
             {"COSMOS_PL_TEST_FAULTS": json.dumps(DRILL)})
         procs.start("superlink", argv(SUPERLINK, host="127.0.0.1", port=link, keys="keys", state="."), operator,
-                    {"COSMOS_PL_AUDIT_OPENS": str(server_audit)})
+                    {"COSMOS_PL_AUDIT_OPENS": str(server_audit), "COSMOS_PL_TEST_SQLITE_BUSY_MS": "60000"})
         wait_for(lambda: healthy(link, operator / "keys" / "ca.crt"), 60, "the SuperLink", procs)
         node_ids = {i: register(operator / "keys", i, env, operator) for i in (0, 1, 2, 3, 5)}
         (operator / "sites.toml").write_text(f'[clients]\n0 = "keys/site_0.pub"\n1 = "keys/site_1.pub"\n'

@@ -5,8 +5,9 @@ at the process's start; it installs the test hooks whose variables are set, and 
   applied right after its module is first imported; nothing else is imported here, so a process that never loads
   those modules (a SuperLink, the ``flwr`` command) loads neither torch nor cosmos-pl for them;
 - ``$COSMOS_PL_AUDIT_OPENS``: the list of the paths the process opens (:mod:`open_audit`);
-- ``$COSMOS_PL_TEST_HEARTBEAT_S`` (a Flower SuperNode): its heartbeat interval shortened (:mod:`flower_timing`), each
-  patch applied right after its Flower module is first imported.
+- ``$COSMOS_PL_TEST_HEARTBEAT_S`` (a Flower SuperNode): its heartbeat interval shortened, and
+  ``$COSMOS_PL_TEST_SQLITE_BUSY_MS`` (a SuperLink): its database's wait for a lock lengthened (:mod:`flower_timing`),
+  each patch applied right after its Flower module is first imported.
 
 A Flower SuperLink and SuperNode pass their environment on to the ServerApp and ClientApp processes they start, and
 the parallel executor to its workers, so these get the hooks too (but for the heartbeat's, which
@@ -60,7 +61,7 @@ def _fault_patch(name: str) -> "Callable[[Any], None]":
 _patches: "dict[str, Callable[[Any], None]]" = {}
 if os.environ.get("COSMOS_PL_TEST_FAULTS"):
     _patches.update({name: _fault_patch(name) for name in PATCHED})
-if os.environ.get("COSMOS_PL_TEST_HEARTBEAT_S"):
+if os.environ.get("COSMOS_PL_TEST_HEARTBEAT_S") or os.environ.get("COSMOS_PL_TEST_SQLITE_BUSY_MS"):
     import flower_timing
 
     _patches.update(flower_timing.patches())
