@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from cosmos_pl.flower.localhost import free_port  # stdlib only: no Flower needed
+
 # the daemons' and commands' binaries (Debian's slurmctld, slurmd, slurm-client, slurmdbd, munge, mariadb-server)
 BINARIES = ("munged", "mungekey", "mariadb-install-db", "mariadbd", "slurmdbd", "slurmctld", "slurmd", "sbatch",
             "squeue", "sacct", "sacctmgr", "scontrol", "scancel", "sinfo")
@@ -36,12 +38,6 @@ class Unavailable(Exception):
 
 def _which(name: str) -> Optional[str]:
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin:/sbin:/bin")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -135,7 +131,7 @@ class SlurmCluster:
         if result.returncode:
             raise Unavailable(f"mariadb-install-db exited with {result.returncode}: "
                               + " | ".join((result.stdout + result.stderr).splitlines()[-10:]))
-        self.mysql_port = _free_port()
+        self.mysql_port = free_port()
         log = self.log_dir / "mariadbd.log"
         self._daemon("mariadbd", [_which("mariadbd"), "--no-defaults", f"--datadir={data}", "--user=root",
                                   "--skip-grant-tables", "--bind-address=127.0.0.1", f"--port={self.mysql_port}",
@@ -156,7 +152,7 @@ class SlurmCluster:
         etc, state, spool, run = (self.root / n for n in ("etc", "state", "spool", "run"))
         for p in (etc, state, spool, run, self.log_dir):
             p.mkdir(parents=True, exist_ok=True)
-        self.dbd_port, self.ctld_port, self.slurmd_port = _free_port(), _free_port(), _free_port()
+        self.dbd_port, self.ctld_port, self.slurmd_port = free_port(), free_port(), free_port()
         auth = f"AuthType=auth/munge\nAuthInfo=socket={self.munge_socket}\n"
         dbd = etc / "slurmdbd.conf"
         dbd.write_text(
