@@ -46,6 +46,15 @@ def _holding(folder, proc, timeout=PROCESS_TIMEOUT_S):
         time.sleep(0.1)
 
 
+def _written(path, proc, timeout=PROCESS_TIMEOUT_S):
+    """Wait until ``proc`` has written ``path``."""
+    start = time.monotonic()
+    while not path.is_file():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() - start < timeout, f"the first process never wrote {path.name}"
+        time.sleep(0.1)
+
+
 def _fit(repo_root, *flags):
     return ["fit", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--wandb.mode", "disabled",
             "--data.num_clients", "5", "--clients.pretrain_epochs", "1", "--executor.threads_per_worker", "1", *flags]
@@ -69,6 +78,8 @@ def test_a_second_process_on_a_run_directory_or_compare_folder_in_use_exits_2_na
     try:
         _holding(run, fit_a)
         _holding(out, compare_a)
+        # the lock comes before config.yaml: wait for it, so that the resume below meets a run that started round 0
+        _written(run / "config.yaml", fit_a)
         second = [
             _here(_fit(repo_root, "--run_dir", str(run), "--overwrite", "true"), capsys),
             _here(["compare", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--algorithms", "local",
