@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("flwr", reason="the [flower] extra is not installed (make test installs it)")
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from rich.console import Console  # noqa: E402
 
@@ -68,7 +68,8 @@ def _view():
 
 def _clients(script=None):
     """Three clients on nodes 100..102 that joined honestly."""
-    base = {"query.hello": lambda n: RecordDict({"config": ConfigRecord(honest_hello(n - 100))})}
+    base = {"query.hello": lambda n: RecordDict({"config": ConfigRecord(honest_hello(n - 100))}),
+            "query.public": lambda n: RecordDict({"config": ConfigRecord({"stored": True})})}  # U in one chunk
     clients = _Scripted.__new__(_Scripted)
     clients.script = {**base, **(script or {})}
     FlowerClients.__init__(clients, _view(), grid=_Grid([100, 101, 102]), config_yaml="seed: 0", num_clients=N)
@@ -126,6 +127,7 @@ def test_an_honest_hello_is_taken_and_each_wrong_field_is_named():
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reply=mutated(honest_hello(1)))
+@example(reply={**honest_hello(1), "has_public": False})  # well-formed, without U: the server sends it U
 def test_a_random_malformed_hello_never_stops_the_join(reply):
     clients = _clients()
     del clients.node_of[1]  # client 1's node left; node 103 now says it holds client 1
@@ -139,6 +141,9 @@ def test_a_random_malformed_hello_never_stops_the_join(reply):
         ok = None
     if ok is not None and ok.info.id == 1 and ok.identity == f"{1:032x}":
         assert clients.node_of.get(1) == 103  # a well-formed hello of client 1 with its own token: it rejoins
+        # its setup bytes: the run config ("seed: 0", 7 bytes) at each of its two greetings, and U (PUBLIC images of
+        # 1x2x2 uint8, 4 bytes each) when its node says it has no U
+        assert clients.extra_bytes["setup"][1] == 2 * 7 + (0 if ok.has_public else PUBLIC * 4)
     else:
         assert clients.node_of.get(1) is None and [f["node_id"] for f in clients.join_failures] == [103]
         assert clients.join_failures[0]["reason"]  # the refusal is recorded with its reason
