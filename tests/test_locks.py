@@ -32,27 +32,29 @@ def _start(argv, faults=""):
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
 
-def _holding(folder, proc, timeout=PROCESS_TIMEOUT_S):
+def _until(proc, check, what, timeout=PROCESS_TIMEOUT_S):
+    """Wait until ``check()`` holds, while ``proc`` runs."""
+    start = time.monotonic()
+    while not check():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() - start < timeout, f"the first process never {what}"
+        time.sleep(0.1)
+
+
+def _holding(folder, proc):
     """Wait until ``proc`` holds ``folder``'s lock (its pid is in the lock file)."""
-    start = time.monotonic()
-    while True:
-        assert proc.poll() is None, proc.communicate()
+    def held():
         try:
-            if json.loads((folder / LOCK_NAME).read_text() or "{}").get("pid") == proc.pid:
-                return
+            return json.loads((folder / LOCK_NAME).read_text() or "{}").get("pid") == proc.pid
         except (OSError, ValueError):
-            pass
-        assert time.monotonic() - start < timeout, "the first process never took the lock"
-        time.sleep(0.1)
+            return False
+
+    _until(proc, held, "took the lock")
 
 
-def _written(path, proc, timeout=PROCESS_TIMEOUT_S):
+def _written(path, proc):
     """Wait until ``proc`` has written ``path``."""
-    start = time.monotonic()
-    while not path.is_file():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() - start < timeout, f"the first process never wrote {path.name}"
-        time.sleep(0.1)
+    _until(proc, path.is_file, f"wrote {path.name}")
 
 
 def _fit(repo_root, *flags):
@@ -78,8 +80,10 @@ def test_a_second_process_on_a_run_directory_or_compare_folder_in_use_exits_2_na
     try:
         _holding(run, fit_a)
         _holding(out, compare_a)
-        # the lock comes before config.yaml: wait for it, so that the resume below meets a run that started round 0
+        # each lock comes before the files checked below (config.yaml, pair.yaml): wait for them too, so that the
+        # resume meets a run that started round 0 and the refused compare finds the pair folder there
         _written(run / "config.yaml", fit_a)
+        _written(out / "runs" / "local-seed0" / "pair.yaml", compare_a)
         second = [
             _here(_fit(repo_root, "--run_dir", str(run), "--overwrite", "true"), capsys),
             _here(["compare", "--config", str(repo_root / "configs/digits_smoke.yaml"), "--algorithms", "local",
