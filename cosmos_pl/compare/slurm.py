@@ -315,8 +315,10 @@ def _submit(waiting: list[Pair], settings: SlurmConfig, executor: Any, folder: P
         first = group[0]
         round0_folder = out / "round0" / "jobs" / f"seed{first.seed}-{k}"
         earlier = recorded.get(str(round0_folder))
-        if settings.cluster == "slurm" and earlier and _active(submitit.SlurmJob(folder=folder, job_id=earlier)):
-            round0_jobs.append(submitit.SlurmJob(folder=folder, job_id=earlier))
+        earlier_job = (submitit.SlurmJob(folder=folder, job_id=earlier) if settings.cluster == "slurm" and earlier
+                       else None)
+        if earlier_job is not None and _active(earlier_job):
+            round0_jobs.append(earlier_job)
             console.print(f"round 0 of seed {first.seed}: job {earlier}, submitted by an earlier compare")
         else:
             round0_jobs.append(executor.submit(Round0Job(first, round0_folder)))
