@@ -189,8 +189,11 @@ class SlurmCluster:
 
     def _start_slurmctld(self) -> None:
         self._daemon("slurmctld", [_which("slurmctld"), "-D", "-i"], self.log_dir / "slurmctld.log")
-        self._wait_for("slurmctld", lambda: self.run(["scontrol", "ping"], check=False).returncode == 0
-                       and "UP" in self.run(["scontrol", "ping"], check=False).stdout)
+        def up() -> bool:
+            ping = self.run(["scontrol", "ping"], check=False)
+            return ping.returncode == 0 and "UP" in ping.stdout
+
+        self._wait_for("slurmctld", up)
 
     def _start_slurmd(self) -> None:
         self._daemon("slurmd", [_which("slurmd"), "-D", "-N", self.host], self.log_dir / "slurmd.log")
