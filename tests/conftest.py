@@ -174,3 +174,10 @@ def compared(repo_root, tmp_path_factory):
         if not (out / "comparison.csv").is_file():
             assert main(argv) == 0
     return out, argv
+
+
+def with_out(argv: list[str], out: Path) -> list[str]:
+    """``argv`` (a ``compare`` command line, as ``compared`` returns it) with its ``--out`` folder replaced by
+    ``out``."""
+    at = argv.index("--out")
+    return [*argv[:at], "--out", str(out), *argv[at + 2:]]

@@ -15,8 +15,7 @@ from typing import Optional
 import pytest
 
 from cosmos_pl.cli import main
-
-
+from conftest import with_out
 
 # the tests here read one compare of 4 pairs (each a fit process, shared with tests/test_slurm_cluster.py) or its
 # Slurm twin (submitit's local executor), a module fixture: one worker computes it (`pytest --dist loadgroup`, as
@@ -105,8 +104,7 @@ def test_an_interrupted_pair_resumes_from_its_last_round(compared, tmp_path, cap
     pair = copy / "runs" / "cosmos-seed0"
     (pair / "summary.json").unlink()
     (pair / "checkpoints" / "round-0001.pt").unlink()
-    at = argv.index("--out")
-    assert main([*argv[:at], "--out", str(copy), *argv[at + 2:]]) == 0
+    assert main(with_out(argv, copy)) == 0
     assert "3 already finished" in capsys.readouterr().out
     assert "resumed after round 0" in (pair / "log.txt").read_text()
     original = out / "runs" / "cosmos-seed0"
@@ -149,13 +147,12 @@ def on_slurm(compared, tmp_path_factory):
     would take the same path again (tests/test_slurm_cluster.py runs every pair on a real scheduler)."""
     _, argv = compared
     out = tmp_path_factory.mktemp("slurm") / "out"
-    at = argv.index("--out")
     pair = out / "runs" / "cosmos-seed0"
     done: dict = {}
     watcher = threading.Thread(target=_preempt_when,
                                args=(pair / "checkpoints" / "round-0000.pt", pair / "pair.yaml", done), daemon=True)
     watcher.start()
-    slurm_argv = [*argv[:at], "--out", str(out), *argv[at + 2:], "--algorithms", "cosmos", "--seeds", "0", "--launcher", "slurm",
+    slurm_argv = [*with_out(argv, out), "--algorithms", "cosmos", "--seeds", "0", "--launcher", "slurm",
                   "--slurm.cluster", "local", "--slurm.cpus_per_job", "1", "--executor.workers_per_device", "1",
                   "--slurm.time_min", "20", "--wandb.mode", "disabled"]
     assert main(slurm_argv) == 0

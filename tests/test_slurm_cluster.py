@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from cosmos_pl.cli import main
-from conftest import PROCESS_TIMEOUT_S
+from conftest import PROCESS_TIMEOUT_S, with_out
 
 CLUSTER = [pytest.mark.slurm_cluster, pytest.mark.slow, pytest.mark.xdist_group("slurm_cluster")]
 # the Slurm settings of every comparison here: one CPU per job, no GPU, one job of an array at a time
@@ -48,11 +48,6 @@ def slurm_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
-
-
-def _with_out(argv: list[str], out: Path) -> list[str]:
-    at = argv.index("--out")
-    return [*argv[:at], "--out", str(out), *argv[at + 2:]]
 
 
 def _compare(cluster, argv: list[str], log: Path) -> subprocess.Popen:
@@ -115,7 +110,7 @@ def on_cluster(slurm_cluster, compared, tmp_path_factory):
     _, local_argv = compared
     work = tmp_path_factory.mktemp("on-slurm")
     out = work / "out"
-    argv = [*_with_out(local_argv, out), *SLURM]
+    argv = [*with_out(local_argv, out), *SLURM]
     before = _last_job_id(cluster)
     first = _compare(cluster, argv, work / "first.log")
     try:
