@@ -1,7 +1,7 @@
 """A parallel fit on the machines users have, not only this project's: under an open-file limit of 1,024 (a desktop,
 a container, a Slurm node) and in Docker's 64 MB ``/dev/shm``, both at once in one real ``cosmos-pl fit`` in a child
-process with two worker processes, giving the sequential run's numbers byte for byte; and the open-file limit raised at start,
-or said in one line where it is hit."""
+process with two worker processes, giving the sequential run's numbers byte for byte; and the open-file limit raised
+at start, or said in one line where it is hit."""
 
 import errno
 import os
@@ -34,22 +34,23 @@ def _same_numbers(run_dir, reference):
         assert (run_dir / name).read_text() == (reference / name).read_text(), name
 
 
-def _private_shm_prefix(size: str, usage_log) -> list[str]:
-    """A private mount namespace whose /dev/shm is a new tmpfs of ``size`` (as Docker gives a container), its used
-    KiB written to ``usage_log`` every 50 ms while the command runs; or a skip where this cannot be made (not root,
-    no unshare, a sandbox that refuses mounts)."""
+def _private_shm_prefix(size: str, usage_log) -> tuple[list[str], str]:
+    """``(prefix, "")``: the command prefix of a private mount namespace whose /dev/shm is a new tmpfs of ``size`` (as
+    Docker gives a container), its used KiB written to ``usage_log`` every 50 ms while the command runs; or ``([],
+    why)`` where this cannot be made (not root, no unshare, a sandbox that refuses mounts)."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("a private /dev/shm needs root and unshare (util-linux): CI runs as root")
+        return [], "a private /dev/shm needs root and unshare (util-linux): CI runs as root"
     probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
                             f"mount -t tmpfs -o size={size} tmpfs /dev/shm && df -k /dev/shm"],
                            capture_output=True, text=True)
     if probe.returncode != 0:
-        pytest.skip(f"cannot mount a private /dev/shm here: {probe.stderr.strip()[:200]}")
+        return [], f"cannot mount a private /dev/shm here: {probe.stderr.strip()[:200]}"
     # mounted before the command and its watch start: a `df` that ran before the mount would read the machine's own
     # /dev/shm, where other processes (other tests' runs) keep their shared memory
-    watch = (f'mount -t tmpfs -o size={size} tmpfs /dev/shm || exit 97; "$@" & pid=$!; while kill -0 $pid 2>/dev/null; do '
+    watch = (f'mount -t tmpfs -o size={size} tmpfs /dev/shm || exit 97; "$@" & pid=$!; '
+             "while kill -0 $pid 2>/dev/null; do "
              f"df -k /dev/shm | awk 'NR==2 {{print $3}}' >> {usage_log}; sleep 0.05; done; wait $pid")
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c", watch, "sh"]
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", watch, "sh"], ""
 
 
 @pytest.mark.slow
@@ -60,11 +61,9 @@ def test_a_parallel_fit_under_1024_open_files_in_a_64mb_shm_gives_the_sequential
     # same run made sequentially in this process (conftest's small_digits_run). One run holds both limits, as a
     # container often does; a failure's message says which limit it met.
     run_dir, usage = tmp_path / "parallel", tmp_path / "shm-kib.txt"
-    try:
-        prefix = _private_shm_prefix("64m", usage)
-    except pytest.skip.Exception as why:  # the open-file limit is still checked, the /dev/shm size is not
+    prefix, why = _private_shm_prefix("64m", usage)
+    if why:  # the open-file limit is still checked, the /dev/shm size is not
         print(f"/dev/shm left as it is: {why}")
-        prefix = []
     done = _fit(small_digits_argv(repo_root, run_dir, *PARALLEL), prefix=prefix, limit=1024)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "shared memory" not in done.stdout  # it fits: no fallback, no refusal
@@ -75,7 +74,7 @@ def test_a_parallel_fit_under_1024_open_files_in_a_64mb_shm_gives_the_sequential
         # and results cross the pipes (torch's own sharing held about 45 MiB here for digits_smoke's 10 clients)
         assert max(int(v) for v in usage.read_text().split()) < 1024, "KiB of /dev/shm in use"
     else:
-        pytest.skip("the open-file limit passed; a private 64 MB /dev/shm needs root and unshare (CI runs as root)")
+        pytest.skip(f"the open-file limit passed; {why}")
 
 
 def test_the_soft_open_file_limit_is_raised_to_the_hard_one():
