@@ -1,5 +1,6 @@
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,17 @@ def with_out(argv: list[str], out: Path) -> list[str]:
     ``out``."""
     at = argv.index("--out")
     return [*argv[:at], "--out", str(out), *argv[at + 2:]]
+
+
+def until(check, what: str, timeout_s: float = 300, every_s: float = 0.2, proc=None):
+    """Poll ``check()`` every ``every_s`` seconds until it returns something true, and return that. Fails the test
+    after ``timeout_s`` seconds, naming ``what`` it waited for, or once ``proc`` (a ``Popen`` the wait depends on)
+    has exited, with its output."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got:
+            return got
+        assert proc is None or proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
+        time.sleep(every_s)

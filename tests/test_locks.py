@@ -11,12 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from cosmos_pl.runs.locks import LOCK_NAME
-from conftest import PROCESS_TIMEOUT_S
+from conftest import PROCESS_TIMEOUT_S, until
 from hooks_path import with_hooks
 
 pytestmark = pytest.mark.slow  # subprocess runs, or a Flower federation
@@ -32,15 +31,6 @@ def _start(argv, faults=""):
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
 
-def _until(proc, check, what, timeout=PROCESS_TIMEOUT_S):
-    """Wait until ``check()`` holds, while ``proc`` runs."""
-    start = time.monotonic()
-    while not check():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() - start < timeout, f"the first process never {what}"
-        time.sleep(0.1)
-
-
 def _holding(folder, proc):
     """Wait until ``proc`` holds ``folder``'s lock (its pid is in the lock file)."""
     def held():
@@ -49,12 +39,12 @@ def _holding(folder, proc):
         except (OSError, ValueError):
             return False
 
-    _until(proc, held, "took the lock")
+    until(held, "the first process to take the lock", PROCESS_TIMEOUT_S, 0.1, proc)
 
 
 def _written(path, proc):
     """Wait until ``proc`` has written ``path``."""
-    _until(proc, path.is_file, f"wrote {path.name}")
+    until(path.is_file, f"the first process to write {path.name}", PROCESS_TIMEOUT_S, 0.1, proc)
 
 
 def _fit(repo_root, *flags):

@@ -16,14 +16,13 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from cosmos_pl.cli import main
-from conftest import PROCESS_TIMEOUT_S, with_out
+from conftest import PROCESS_TIMEOUT_S, until, with_out
 
 CLUSTER = [pytest.mark.slurm_cluster, pytest.mark.slow, pytest.mark.xdist_group("slurm_cluster")]
 # the Slurm settings of every comparison here: one CPU per job, no GPU, one job of an array at a time
@@ -57,21 +56,17 @@ def _compare(cluster, argv: list[str], log: Path) -> subprocess.Popen:
                                 env=cluster.env)
 
 
-def _until(what: str, check, timeout_s: float = 300, every_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
 def _jobs_json(out: Path) -> dict:
     try:
         return json.loads((out / "slurm" / "jobs.json").read_text())
     except (OSError, ValueError):
         return {}
+
+
+def _recording(out: Path, *pairs: str) -> dict:
+    """jobs.json once it holds the job id of every pair in ``pairs`` (run directory names), else {}."""
+    recorded = _jobs_json(out)
+    return recorded if all(str(out / "runs" / p) in recorded for p in pairs) else {}
 
 
 def _states(cluster) -> dict[str, str]:
@@ -114,9 +109,7 @@ def on_cluster(slurm_cluster, compared, tmp_path_factory):
     before = _last_job_id(cluster)
     first = _compare(cluster, argv, work / "first.log")
     try:
-        recorded = _until("the pairs' job ids in jobs.json",
-                          lambda: (lambda j: j if all(str(out / "runs" / p) in j for p in PAIRS) else None)(
-                              _jobs_json(out)))
+        recorded = until(lambda: _recording(out, *PAIRS), "the pairs' job ids in jobs.json")
         queue_seen = cluster.run(["squeue", "-r"]).stdout  # the queue as a user sees it, for the docs
 
         def running_with_round0():
@@ -128,8 +121,8 @@ def on_cluster(slurm_cluster, compared, tmp_path_factory):
                     return name, job
             return None
 
-        requeued, requeued_job = _until("a running pair job with its round-0 checkpoint", running_with_round0,
-                                        every_s=0.1)
+        requeued, requeued_job = until(running_with_round0, "a running pair job with its round-0 checkpoint",
+                                       every_s=0.1)
         cluster.run(["scontrol", "requeue", requeued_job])  # the scheduler pre-empts it: killed, queued again
         states = _states(cluster)
         first.send_signal(signal.SIGKILL)  # the login node dropped, jobs still queued or running
@@ -140,7 +133,7 @@ def on_cluster(slurm_cluster, compared, tmp_path_factory):
     assert any(s in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING") for s in states.values()), states
     # Slurm holds a requeued batch job for about 2 minutes (its EligibleTime, shown below) before it may start again;
     # the test lets it start at once, as an administrator may: what is tested is the pair resuming, not the wait
-    _until("the requeued job back in the queue", lambda: _states(cluster).get(requeued_job) == "PENDING", every_s=0.2)
+    until(lambda: _states(cluster).get(requeued_job) == "PENDING", "the requeued job back in the queue")
     cluster.run(["scontrol", "update", f"JobId={requeued_job}", "StartTime=now"])
     second = _compare(cluster, argv, work / "second.log")
     assert second.wait(timeout=PROCESS_TIMEOUT_S) == 0, (work / "second.log").read_text()
@@ -246,8 +239,7 @@ def test_a_cancelled_job_is_a_failed_pair_naming_its_slurm_log(slurm_cluster, re
             "0", "--out", str(out), *FAST, *SLURM]
     proc = _compare(slurm_cluster, argv, tmp_path / "compare.log")
     try:
-        recorded = _until("the pair's job id in jobs.json",
-                          lambda: (lambda j: j if str(out / "runs" / "fedmd-seed0") in j else None)(_jobs_json(out)))
+        recorded = until(lambda: _recording(out, "fedmd-seed0"), "the pair's job id in jobs.json")
         slurm_cluster.run(["scancel", *recorded.values()])  # the pair's job and its round-0 job
         assert proc.wait(timeout=PROCESS_TIMEOUT_S) == 1
     finally:
@@ -347,7 +339,7 @@ def test_lightning_in_a_slurm_job_is_a_single_process_trainer(slurm_cluster, tmp
                                    "--job-name=trainer-check", f"--output={log}", "--wrap",
                                    f"{sys.executable} {script} && srun --unbuffered {sys.executable} {script}"])
     job = submitted.stdout.strip()
-    _until(f"job {job} to end", lambda: job not in slurm_cluster.queue(), timeout_s=PROCESS_TIMEOUT_S, every_s=0.5)
+    until(lambda: job not in slurm_cluster.queue(), f"job {job} to end", timeout_s=PROCESS_TIMEOUT_S, every_s=0.5)
     text = log.read_text()
     print(text)
     assert text.count("fit done") == 2, text
